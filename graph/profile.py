@@ -1,0 +1,150 @@
+"""Measure every op of a joint graph on this machine: time and workspace.
+
+The graph runs node by node on real tensors (the model's parameters, a batch,
+random tangents), freeing each value after its last use as the runtime would.
+Workspace is what an op allocates beyond its outputs while it runs: on CPU from
+the allocator's events (torch.profiler with profile_memory), on CUDA from the
+caching allocator's peak. Time is the median of repeated runs after warm-up.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from monet.solver import Problem
+
+from .analyze import GraphAnalysis, allocation_bytes
+from .cpu_allocator import allocator_events
+
+OP_MARK = "monet.op:"
+
+
+@dataclass(frozen=True)
+class OpCost:
+    time: float  # seconds
+    workspace: int  # bytes
+
+
+def _inputs(gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
+    """Real values for the graph's placeholders."""
+    from torch._functorch._aot_autograd import descriptors as d
+
+    gen = torch.Generator().manual_seed(seed)
+    values = {}
+    for node in gm.graph.find_nodes(op="placeholder"):
+        desc, val = node.meta.get("desc"), node.meta["val"]
+        if isinstance(desc, d.ParamAOTInput):
+            values[node.name] = model.get_parameter(desc.target).detach()
+        elif isinstance(desc, d.BufferAOTInput):
+            values[node.name] = model.get_buffer(desc.target).detach().clone()
+        elif isinstance(desc, d.PlainAOTInput):
+            values[node.name] = x.detach()
+        else:
+            values[node.name] = torch.randn(val.shape, generator=gen, dtype=val.dtype).to(val.device)
+    return values
+
+
+def _last_uses(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, list[str]]:
+    last: dict[str, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        for arg in node.all_input_nodes:
+            last[arg.name] = node
+    out: dict[torch.fx.Node, list[str]] = {}
+    for name, node in last.items():
+        out.setdefault(node, []).append(name)
+    return out
+
+
+def _walk(gm, values, on_op: Callable[[torch.fx.Node, Callable[[], object]], object]):
+    """Run the graph in order, freeing after last use; `on_op` runs each compute node."""
+    env = dict(values)
+    frees = _last_uses(gm)
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+            env[node.name] = on_op(node, lambda: node.target(*args, **kwargs))
+        for name in frees.get(node, ()):
+            if node.op != "output":
+                env.pop(name, None)
+
+
+def measure(analysis: GraphAnalysis, gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,
+            *, repeats: int = 3, warmup: int = 1, seed: int = 0,
+            progress: Callable[[int, int], None] | None = None) -> dict[str, OpCost]:
+    """Measured cost of every op in `analysis.problem`, keyed by op name."""
+    problem = analysis.problem
+    ops = {op.name: op for op in problem.ops}
+    device = x.device
+    with torch.no_grad():
+        workspace = _measure_workspace(problem, gm, model, x, seed, device)
+        times: dict[str, float] = {}
+        done = 0
+
+        def timed(node, call):
+            nonlocal done
+            if node.name not in ops:
+                return call()
+            for _ in range(warmup):
+                call()
+            samples = []
+            for _ in range(repeats):
+                _sync(device)
+                start = time.perf_counter()
+                out = call()
+                _sync(device)
+                samples.append(time.perf_counter() - start)
+            times[node.name] = statistics.median(samples)
+            done += 1
+            if progress:
+                progress(done, len(ops))
+            return out
+
+        _walk(gm, _inputs(gm, model, x, seed), timed)
+    return {name: OpCost(times[name], workspace[name]) for name in ops}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _measure_workspace(problem: Problem, gm, model, x, seed, device) -> dict[str, int]:
+    ops = {op.name: op for op in problem.ops}
+    new_bytes = {op.name: problem.out_bytes(op) for op in problem.ops}
+    result: dict[str, int] = {}
+    if device.type == "cuda":
+        def on_op(node, call):
+            if node.name not in ops:
+                return call()
+            torch.cuda.synchronize(device)
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            out = call()
+            torch.cuda.synchronize(device)
+            peak = torch.cuda.max_memory_allocated(device) - before
+            result[node.name] = max(0, peak - new_bytes[node.name])
+            return out
+
+        _walk(gm, _inputs(gm, model, x, seed), on_op)
+        return result
+
+    def marked(node, call):
+        if node.name not in ops:
+            return call()
+        with torch.profiler.record_function(OP_MARK + node.name):
+            return call()
+
+    with allocator_events() as events:
+        _walk(gm, _inputs(gm, model, x, seed), marked)
+    for name, deltas in events.by_region(OP_MARK).items():
+        peak, running = 0, 0
+        for delta in deltas:
+            running += allocation_bytes(delta, "cpu") if delta > 0 else delta
+            peak = max(peak, running)
+        result[name] = max(0, peak - new_bytes[name])
+    return {name: result.get(name, 0) for name in ops}

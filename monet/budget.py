@@ -1,0 +1,34 @@
+"""Budgets as people write them: '4GiB', '512 MB', '1.5G', '60%' or plain bytes."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
+    "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+    "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+    "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
+}
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-z%]*)\s*$", re.IGNORECASE)
+
+
+def parse_budget(text: str | int | float, unconstrained_peak: int) -> int:
+    """Bytes for a budget; a percentage is of the unconstrained peak. K/M/G are binary (KiB/MiB/GiB)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        match = _PATTERN.match(str(text))
+        if not match:
+            raise ValueError(f"budget {text!r} is not a size like 4GiB, 512MB or 60%")
+        value, unit = float(match.group(1)), match.group(2).lower()
+    if unit == "%":
+        if not 0 < value:
+            raise ValueError(f"budget {text!r} must be a positive percentage")
+        return int(unconstrained_peak * value / 100)
+    if unit not in _UNITS:
+        raise ValueError(f"budget {text!r} has unknown unit {unit!r}; use B, KiB, MiB, GiB, KB, MB, GB or %")
+    if value <= 0:
+        raise ValueError(f"budget {text!r} must be positive")
+    return int(value * _UNITS[unit])

@@ -1,0 +1,195 @@
+"""The `monet` command: demo, solve, inspect."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import sys
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from monet.graph import COST_MODELS, TraceError, UnsupportedGraphError
+from monet.schedules import ScheduleFile, ScheduleFileError, load_schedule
+from monet.solver import FORMULATIONS, InfeasibleBudgetError, SolverFailedError, format_bytes
+
+from .api import solve
+from .models import BUNDLED, load_model
+from .runtime import ScheduleMismatchError
+from .training import measure_training
+from .wrapper import MONeTWrapper
+
+console = Console()
+err = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def _progress():
+    """A rich progress display, handed to monet.solve as its progress callback."""
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def update(stage: str, done: int, total: int | None) -> None:
+            if stage not in tasks:
+                for other in tasks.values():
+                    bar.update(other, visible=False)
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        yield update
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in text.replace("x", ",").split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"input shape {text!r} is not comma-separated integers") from None
+    if not shape or any(s <= 0 for s in shape):
+        raise argparse.ArgumentTypeError(f"input shape {text!r} must be positive integers")
+    return shape
+
+
+def _solve_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cost-model", choices=COST_MODELS, default="measured",
+                        help="op costs: measured on this machine, or analytic (FLOPs and bytes; "
+                             "deterministic). Default: measured")
+    parser.add_argument("--formulation", choices=sorted(FORMULATIONS), default="compact",
+                        help="compact: each tensor recomputed at most once (scales); general: any number "
+                             "of times (lower budgets, small graphs). Default: compact")
+    parser.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
+                        help="solver time limit; the best schedule found by then is returned. Default: 60")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="monet", description="Train PyTorch models in less memory: solve "
+                                     "what to keep and what to recompute under a memory budget.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="solve and train the bundled CNN at 50%% of its peak, next to PyTorch")
+    demo.add_argument("--budget", default="50%", help="budget, as bytes (4GiB) or %% of the unconstrained "
+                      "peak. Default: 50%%")
+    demo.add_argument("--input-shape", type=_shape, default=BUNDLED["cnn"].input_shape,
+                      help="batch shape. Default: %(default)s")
+    demo.add_argument("--steps", type=int, default=5, help="timed training steps per run. Default: 5")
+    _solve_options(demo)
+
+    solve_p = sub.add_parser("solve", help="solve a schedule for a model, input shape and budget")
+    solve_p.add_argument("model", help=f"bundled model ({', '.join(BUNDLED)}) or package.module:factory")
+    solve_p.add_argument("--input-shape", type=_shape, required=True, help="e.g. 32,3,224,224")
+    solve_p.add_argument("--budget", required=True, help="bytes (4GiB, 512MB) or %% of the unconstrained peak")
+    solve_p.add_argument("-o", "--output", required=True, help="schedule file to write (JSON)")
+    solve_p.add_argument("--input-dtype", default="float32", help="dtype of the input. Default: float32")
+    solve_p.add_argument("--input-requires-grad", action="store_true",
+                         help="the input needs a gradient too (costs memory)")
+    solve_p.add_argument("--device", default="cpu", help="device to trace and profile on. Default: cpu")
+    _solve_options(solve_p)
+
+    inspect = sub.add_parser("inspect", help="show what a schedule keeps and recomputes")
+    inspect.add_argument("schedule", help="schedule file, or the name of a bundled schedule")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"demo": _demo, "solve": _solve, "inspect": _inspect}[args.command](args)
+    except (InfeasibleBudgetError, SolverFailedError, ScheduleFileError, ScheduleMismatchError, TraceError,
+            UnsupportedGraphError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 2
+
+
+def _solve(args) -> int:
+    model = load_model(args.model).to(args.device)
+    with _progress() as progress:
+        schedule = solve(model, args.input_shape, args.budget, input_dtype=args.input_dtype,
+                         input_requires_grad=args.input_requires_grad, cost_model=args.cost_model,
+                         formulation=args.formulation, time_limit=args.time_limit, progress=progress)
+    path = schedule.save(args.output)
+    _print_summary(schedule)
+    console.print(f"wrote {path}")
+    return 0
+
+
+def _inspect(args) -> int:
+    schedule = load_schedule(args.schedule)
+    _print_summary(schedule)
+    saved = schedule.schedule["saved"]
+    phase = {name: ph for name, _, ph in schedule.graph["ops"]}
+    reruns = Counter(name for name in schedule.schedule["backward"] if phase.get(name) == "forward")
+    table = Table(title="kept for the backward (largest first)")
+    table.add_column("tensor")
+    table.add_column("size", justify="right")
+    for name, size in sorted(saved.items(), key=lambda kv: -kv[1])[:15]:
+        table.add_row(name, format_bytes(size))
+    if len(saved) > 15:
+        table.add_row(f"... {len(saved) - 15} more", format_bytes(sum(sorted(saved.values())[:-15])))
+    console.print(table)
+    console.print(f"recomputed in the backward: {sum(reruns.values())} op runs of {len(reruns)} ops"
+                  + (": " + ", ".join(f"{n} x{c}" if c > 1 else n for n, c in reruns.items()) if reruns else ""))
+    return 0
+
+
+def _print_summary(schedule: ScheduleFile) -> None:
+    pred, solver = schedule.predicted, schedule.solver
+    shape = "x".join(map(str, schedule.input["shape"]))
+    table = Table(show_header=False, title=f"{schedule.model} schedule")
+    table.add_row("input", f"{shape} {schedule.input['dtype']}" + (" (needs grad)" if schedule.input["requires_grad"] else ""))
+    table.add_row("device / costs", f"{schedule.device} / {schedule.cost_model}")
+    table.add_row("budget", format_bytes(schedule.budget))
+    table.add_row("predicted peak", f"{format_bytes(pred['peak'])} ({pred['peak'] / pred['unconstrained_peak']:.0%} "
+                                    f"of {format_bytes(pred['unconstrained_peak'])} unconstrained)")
+    table.add_row("predicted step time", f"{pred['time'] * 1e3:.1f} ms (+{pred['time'] / pred['unconstrained_time'] - 1:.1%})")
+    gap = f", gap {solver['mip_gap']:.2%}" if "mip_gap" in solver else ""
+    table.add_row("solver", f"{solver['formulation']}: {solver['status']}{gap}, {solver.get('solve_time_s', 0):.2f} s")
+    table.add_row("kept tensors", f"{len(schedule.schedule['saved'])} ({format_bytes(sum(schedule.schedule['saved'].values()))})")
+    console.print(table)
+
+
+def _demo(args) -> int:
+    torch.manual_seed(0)
+    model = BUNDLED["cnn"].factory()
+    shape = args.input_shape
+    console.print(f"monet demo: {BUNDLED['cnn'].about}, batch {'x'.join(map(str, shape))} on CPU")
+    x = torch.randn(shape)
+    target = torch.randint(0, 10, (shape[0],))
+
+    def loss(out):
+        return F.cross_entropy(out, target)
+
+    rows = [("PyTorch (no monet)", None, measure_training(copy.deepcopy(model), model, x, loss, args.steps), None)]
+    for budget in ("100%", args.budget):
+        run_model = copy.deepcopy(model)
+        with _progress() as progress:
+            schedule = solve(run_model, shape, budget, cost_model=args.cost_model, formulation=args.formulation,
+                             time_limit=args.time_limit, progress=progress)
+        wrapped = MONeTWrapper(run_model, schedule, shape)
+        rows.append((f"monet @ {budget}", schedule, measure_training(wrapped, run_model, x, loss, args.steps),
+                     schedule.solver["solve_time_s"]))
+
+    base = rows[0][2].step_time
+    table = Table(title="one training step (forward, backward, SGD update)")
+    for col in ("run", "budget", "predicted peak", "measured peak", "step time", "overhead", "solve time"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for name, schedule, stats, solve_time in rows:
+        table.add_row(
+            name,
+            format_bytes(schedule.budget) if schedule else "-",
+            format_bytes(schedule.predicted["peak"]) if schedule else "-",
+            format_bytes(stats.peak),
+            f"{stats.step_time * 1e3:.0f} ms",
+            f"{stats.step_time / base - 1:+.1%}",
+            f"{solve_time:.2f} s" if solve_time is not None else "-",
+        )
+    console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

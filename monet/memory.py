@@ -1,0 +1,62 @@
+"""The memory meter that tests and benchmarks use: peak bytes live during a block.
+
+CUDA: torch.cuda.max_memory_allocated, everything the caching allocator handed out.
+CPU: the bytes already resident when the block starts (parameters, buffers,
+gradients, the batch: whatever the caller names) plus the highest running sum
+of the CPU allocator's events inside the block, kernel temporaries included.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from monet.graph.cpu_allocator import allocator_events
+
+
+def resident_bytes(*objects: nn.Module | torch.Tensor) -> int:
+    """Bytes of the distinct storages held by these modules (params, buffers, grads) and tensors."""
+    seen: dict[int, int] = {}
+
+    def add(t: torch.Tensor | None) -> None:
+        if t is not None:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+
+    for obj in objects:
+        if isinstance(obj, nn.Module):
+            for p in obj.parameters():
+                add(p)
+                add(p.grad)
+            for b in obj.buffers():
+                add(b)
+        else:
+            add(obj)
+    return sum(seen.values())
+
+
+class PeakMemory:
+    """`with PeakMemory(device, resident) as m: ...` then `m.peak` is the peak in bytes."""
+
+    def __init__(self, device: torch.device | str, resident: int = 0):
+        self.device = torch.device(device)
+        self.resident = resident
+        self.peak: int | None = None
+        self._events = None
+
+    def __enter__(self) -> "PeakMemory":
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self._events = allocator_events()
+            self._recorded = self._events.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            self._events.__exit__(*exc)
+            self.peak = self.resident + self._recorded.peak_delta()

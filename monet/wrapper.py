@@ -1,0 +1,81 @@
+"""MONeTWrapper: a module that trains exactly like the model, with the schedule's memory."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from monet.graph import GraphAnalysis, InputSpec, TracedStep, analyze, model_device
+from monet.schedules import ScheduleFile, load_schedule
+from monet.solver import Schedule, validate
+
+from .runtime import ExecutionPlan, ScheduleMismatchError, make_partition
+
+
+class MONeTWrapper(nn.Module):
+    """Wrap `model` to train under the schedule in `solution_file`.
+
+    `solution_file` is a path, the name of a bundled schedule, or a ScheduleFile
+    (as `monet.solve` returns). The model is traced once here and checked
+    against the schedule; every training step then runs the compiled schedule.
+    In eval mode or under torch.no_grad the plain model runs.
+    """
+
+    def __init__(self, model: nn.Module, solution_file: str | os.PathLike | ScheduleFile,
+                 input_shape: tuple[int, ...] | list[int] | torch.Size):
+        super().__init__()
+        self.model = model
+        plan_file = solution_file if isinstance(solution_file, ScheduleFile) else load_schedule(solution_file)
+        spec = InputSpec(tuple(input_shape), plan_file.input["dtype"], plan_file.input["requires_grad"])
+        _check_input(plan_file, spec, model_device(model).type)
+        with TracedStep(model, spec) as step:
+            analysis = analyze(step.graph_module)
+            _check_graph(plan_file, analysis, model, spec)
+            schedule = Schedule.from_dict(analysis.problem, plan_file.schedule)
+            validate(analysis.problem, schedule)
+            self._step = step.compile(make_partition(ExecutionPlan.build(analysis, schedule)))
+            self._param_names = step.param_names
+            self._buffer_names = step.buffer_names
+        self.spec = spec
+        self.schedule_file = plan_file
+
+    def forward(self, x: torch.Tensor):
+        if not (self.training and torch.is_grad_enabled()):
+            return self.model(x)
+        if tuple(x.shape) != self.spec.shape:
+            raise ValueError(f"input shape {tuple(x.shape)} is not the shape {self.spec.shape} this schedule "
+                             "was solved for; solve a schedule for this shape")
+        if x.dtype != self.spec.torch_dtype:
+            raise ValueError(f"input dtype {x.dtype} is not {self.spec.dtype}, which this schedule was solved for")
+        if x.requires_grad and not self.spec.requires_grad:
+            raise ValueError("the input requires grad, but this schedule was solved for an input without a "
+                             "gradient; re-solve with input_requires_grad=True (CLI: --input-requires-grad)")
+        params = [self.model.get_parameter(n) for n in self._param_names]
+        buffers = [self.model.get_buffer(n) for n in self._buffer_names]
+        return self._step(*params, *buffers, x)
+
+
+def _check_input(plan_file: ScheduleFile, spec: InputSpec, device: str) -> None:
+    shape = tuple(plan_file.input["shape"])
+    if shape != spec.shape:
+        raise ScheduleMismatchError(f"the schedule was made for input shape {shape}, not {spec.shape}")
+    if plan_file.device != device:
+        raise ScheduleMismatchError(f"the schedule was made for a {plan_file.device} model, but the model is on {device}")
+
+
+def _check_graph(plan_file: ScheduleFile, analysis: GraphAnalysis, model: nn.Module, spec: InputSpec) -> None:
+    if plan_file.graph["fingerprint"] == analysis.fingerprint:
+        return
+    theirs = [tuple(op) for op in plan_file.graph["ops"]]
+    ours = [(op.name, op.target, op.phase) for op in analysis.problem.ops]
+    where = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+    detail = (f"op #{where}: schedule has {theirs[where][0]} ({theirs[where][1]}), model has "
+              f"{ours[where][0]} ({ours[where][1]})" if where < min(len(theirs), len(ours))
+              else "ops agree, but shapes or wiring differ")
+    raise ScheduleMismatchError(
+        f"the schedule was made for a different graph: {plan_file.model} with {len(theirs)} ops, while "
+        f"{type(model).__name__} at input {spec.describe()} traces to "
+        f"{len(ours)} ops; first difference at {detail}. Solve a schedule for this model"
+    )

@@ -1,0 +1,27 @@
+"""monet: train PyTorch models in less memory by solving what to keep and what to recompute."""
+from setuptools import setup
+
+setup(
+    name="monet",
+    version="0.1.0",
+    description="Memory-optimal training schedules for PyTorch, solved as a boolean ILP",
+    python_requires=">=3.10",
+    packages=["monet", "monet.graph", "monet.solver", "monet.schedules"],
+    package_dir={
+        "monet": "monet",
+        "monet.graph": "graph",
+        "monet.solver": "solver",
+        "monet.schedules": "schedules",
+    },
+    package_data={"monet.schedules": ["*.json"]},
+    install_requires=[
+        "torch>=2.13,<2.14",
+        "cvxpy>=1.9",
+        "highspy>=1.15",
+        "numpy",
+        "rich",
+        "jsonschema",
+    ],
+    extras_require={"test": ["pytest", "monai", "transformers"]},
+    entry_points={"console_scripts": ["monet=monet.cli:main"]},
+)

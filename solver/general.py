@@ -1,0 +1,98 @@
+"""The general formulation: a tensor may be recomputed in any number of stages.
+
+For every droppable forward tensor t that the backward may need, and every
+stage k in the window where it can be needed:
+  s[t]    t is saved at the end of the forward pass
+  S[t,k]  a copy of t is held entering stage k
+and for every recomputable forward op o:
+  R[o,k]  o is rerun in stage k, just before backward op k.
+Presence:  a backward op reading t at stage k needs S[t,k] + R[op(t),k] >= 1;
+           a rerun R[o,k] needs the same for each input of o.
+Carry:     S[t,k+1] <= S[t,k] + R[op(t),k],  S[t,first] <= s[t].
+Memory:    every forward op and every stage within the budget; all outputs
+           rerun in a stage count as live together, so the rows bound the
+           replayed peak from above.
+This is MONeT's stage formulation for checkpointing; it reaches the lowest
+budgets (revolve-style repeated recomputation) but grows as tensors x stages.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .milp import MemoryLimit, Milp
+from .problem import Problem
+from .schedule import Schedule
+from .stages import Stages, stage_workspace
+
+NAME = "general"
+
+
+class General:
+    def __init__(self, problem: Problem, budget: int | None):
+        self.problem = problem
+        stages = Stages(problem)
+        tensors = problem.tensors
+        tensor_win, op_win = stages.windows
+        milp = self.milp = Milp()
+        memory = self.memory = MemoryLimit(milp, budget)
+        self.saved = {t: milp.add_vars(binary=True) for t in sorted(tensor_win)}
+        self.held = {}
+        for t, (a, b) in sorted(tensor_win.items()):
+            first = milp.add_vars(b - a + 1, binary=True)
+            self.held.update({(t, k): first + k - a for k in range(a, b + 1)})
+        self.rerun = {}
+        for o, (a, b) in sorted(op_win.items()):
+            first = milp.add_vars(b - a + 1, binary=True)
+            self.rerun.update({(o, k): first + k - a for k in range(a, b + 1)})
+            for k in range(a, b + 1):
+                milp.add_cost(first + k - a, problem.ops[o].time * 1e3)
+
+        def present(t: int, k: int) -> list[tuple[int, float]]:
+            terms = [(self.held[(t, k)], 1.0)]
+            if (tensors[t].producer, k) in self.rerun:
+                terms.append((self.rerun[(tensors[t].producer, k)], 1.0))
+            return terms
+
+        for k, op in enumerate(problem.backward_ops):
+            for t in op.inputs:
+                if t in tensor_win:
+                    milp.add_row([(c, -v) for c, v in present(t, k)], -1.0)
+        for (o, k), var in self.rerun.items():
+            for t in problem.ops[o].inputs:
+                if t in tensor_win:
+                    milp.add_row([(var, 1.0)] + [(c, -v) for c, v in present(t, k)], 0.0)
+        for t, (a, b) in tensor_win.items():
+            milp.add_row([(self.held[(t, a)], 1.0), (self.saved[t], -1.0)], 0.0)
+            for k in range(a, b):
+                terms = [(self.held[(t, k + 1)], 1.0), (self.held[(t, k)], -1.0)]
+                if (tensors[t].producer, k) in self.rerun:
+                    terms.append((self.rerun[(tensors[t].producer, k)], -1.0))
+                milp.add_row(terms, 0.0)
+
+        for fixed, optional in stages.forward_rows:
+            memory.add([(self.saved[t], tensors[t].bytes) for t in optional], fixed)
+        terms = [[] for _ in range(stages.count)]
+        for t, (a, b) in tensor_win.items():
+            for k in range(a):
+                terms[k].append((self.saved[t], tensors[t].bytes))
+            for k in range(a, b + 1):
+                terms[k].append((self.held[(t, k)], tensors[t].bytes))
+        reruns_at = [[] for _ in range(stages.count)]
+        for (o, k), var in self.rerun.items():
+            terms[k].append((var, problem.out_bytes(problem.ops[o])))
+            reruns_at[k].append((o, [(var, 1.0)]))
+        for k in range(stages.count):
+            memory.add(terms[k] + [(stage_workspace(milp, problem, stages.op_floor[k], reruns_at[k]), 1.0)],
+                       stages.backward_fixed[k])
+
+    def schedule(self, values: np.ndarray) -> Schedule:
+        by_stage: dict[int, list[int]] = {}
+        for (o, k), var in self.rerun.items():
+            if values[var] > 0.5:
+                by_stage.setdefault(k, []).append(o)
+        seq: list[int] = []
+        for k, op in enumerate(self.problem.backward_ops):
+            seq.extend(sorted(by_stage.get(k, [])))
+            seq.append(op.id)
+        return Schedule.from_backward(self.problem, seq)

@@ -1,0 +1,73 @@
+"""What every solver returns, and how it fails."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .schedule import Schedule
+from .simulate import Replay
+
+
+@dataclass(frozen=True)
+class LeastPeak:
+    """The least budget a formulation meets: `found` works; none below `bound` can (equal when proven)."""
+
+    found: int
+    bound: int
+
+
+class InfeasibleBudgetError(ValueError):
+    """The budget is below the least peak any schedule of this formulation reaches."""
+
+    def __init__(self, budget: int, least: LeastPeak, formulation: str):
+        self.budget = budget
+        self.least_peak = least.found
+        if least.found <= least.bound:
+            detail = f"is below the least feasible peak {format_bytes(least.found)} ({least.found} bytes)"
+        else:
+            detail = (f"cannot be met: the least peak found is {format_bytes(least.found)} ({least.found} bytes), "
+                      f"and no schedule peaks below {format_bytes(least.bound)}")
+        hint = " or try --formulation general, which recomputes more than once" if formulation == "compact" else ""
+        super().__init__(f"budget {format_bytes(budget)} {detail}; raise the budget to at least that{hint}")
+
+
+class SolverFailedError(RuntimeError):
+    """The solver stopped without a usable schedule."""
+
+
+@dataclass(frozen=True)
+class Solution:
+    """A schedule with its replay and how the solver got there (times in seconds)."""
+
+    schedule: Schedule
+    replay: Replay
+    budget: int
+    formulation: str
+    status: str  # "optimal" or "time_limit" (best schedule found when time ran out)
+    objective: float  # recomputation time of the schedule, as the solver priced it
+    bound: float  # proven lower bound on that objective
+    gap: float  # HiGHS's relative MIP gap
+    solve_time: float
+
+    @property
+    def peak(self) -> int:
+        return self.replay.peak
+
+    def summary(self) -> dict:
+        return {
+            "formulation": self.formulation,
+            "status": self.status,
+            "objective_s": self.objective,
+            "bound_s": self.bound,
+            "mip_gap": self.gap,
+            "solve_time_s": self.solve_time,
+        }
+
+
+def format_bytes(n: float) -> str:
+    """1536 -> '1.50 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

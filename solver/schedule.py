@@ -1,0 +1,123 @@
+"""A schedule as plain data: what the forward keeps and what the backward runs.
+
+The forward pass always runs every forward op once, in order. A schedule says
+which forward tensors are *saved* for the backward, and the exact sequence of
+ops the backward runs: each backward op once, in order, with forward ops
+placed before the ops that need them wherever they are *recomputed*. A
+recomputed op reads the newest copy of each input; its outputs replace the
+older copies for every later reader. Frees are implied: a copy dies after its
+last reader. This is all the runtime and the simulator need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .problem import Problem
+
+# Forward tensors that a schedule may drop and rebuild. Persistent inputs and
+# model outputs are held by the caller anyway, so keeping them costs nothing.
+DROPPABLE_ROLES = ("activation", "state")
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run on its problem."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Saved forward tensors and the backward op sequence, by problem ids."""
+
+    saved: frozenset[int]
+    backward: tuple[int, ...]
+
+    @classmethod
+    def from_backward(cls, problem: Problem, backward: list[int] | tuple[int, ...]) -> "Schedule":
+        """The schedule that runs `backward`, saving exactly what it reads before any recomputation."""
+        backward = prune_dead_recomputations(problem, tuple(backward))
+        return cls(saved=_first_reads(problem, backward), backward=backward)
+
+    def recomputations(self, problem: Problem) -> list[int]:
+        """Ids of forward ops that the backward reruns, in sequence order."""
+        return [i for i in self.backward if problem.ops[i].phase == "forward"]
+
+    def to_dict(self, problem: Problem) -> dict:
+        """Name-based form for schedule files: stable and readable."""
+        return {
+            "saved": sorted(problem.tensors[t].name for t in self.saved),
+            "backward": [problem.ops[i].name for i in self.backward],
+        }
+
+    @classmethod
+    def from_dict(cls, problem: Problem, data: dict) -> "Schedule":
+        try:
+            saved = frozenset(problem.tensor_named(n).id for n in data["saved"])
+            backward = tuple(problem.op_named(n).id for n in data["backward"])
+        except KeyError as exc:
+            raise ScheduleError(f"schedule names {exc} which this graph does not have") from exc
+        return cls(saved=saved, backward=backward)
+
+
+def keep_all(problem: Problem) -> Schedule:
+    """PyTorch's default: save everything the backward reads, recompute nothing."""
+    return Schedule.from_backward(problem, [op.id for op in problem.backward_ops])
+
+
+def _first_reads(problem: Problem, backward: tuple[int, ...]) -> frozenset[int]:
+    """Droppable forward tensors that the backward reads from their forward copy."""
+    recomputed: set[int] = set()
+    saved: set[int] = set()
+    for i in backward:
+        op = problem.ops[i]
+        for t in op.inputs:
+            tensor = problem.tensors[t]
+            if tensor.role in DROPPABLE_ROLES and tensor.producer not in recomputed:
+                saved.add(t)
+        if op.phase == "forward":
+            recomputed.add(op.id)
+    return frozenset(saved)
+
+
+def prune_dead_recomputations(problem: Problem, backward: tuple[int, ...]) -> tuple[int, ...]:
+    """Drop recomputations whose outputs nobody reads before they are replaced."""
+    seq = list(backward)
+    while True:
+        dead = _dead_positions(problem, seq)
+        if not dead:
+            return tuple(seq)
+        seq = [op for pos, op in enumerate(seq) if pos not in dead]
+
+
+def _dead_positions(problem: Problem, seq: list[int]) -> set[int]:
+    live_copy: dict[int, int] = {}  # forward op id -> position of its newest copy
+    used: set[int] = set()
+    for pos, i in enumerate(seq):
+        op = problem.ops[i]
+        for t in op.inputs:
+            producer = problem.tensors[t].producer
+            if producer in live_copy:
+                used.add(live_copy[producer])
+        if op.phase == "forward":
+            live_copy[op.id] = pos
+    return {pos for pos, i in enumerate(seq) if problem.ops[i].phase == "forward" and pos not in used}
+
+
+def validate(problem: Problem, schedule: Schedule) -> None:
+    """Raise ScheduleError unless every op's inputs exist when it runs."""
+    expected = [op.id for op in problem.backward_ops]
+    ran_backward = [i for i in schedule.backward if problem.ops[i].phase == "backward"]
+    if ran_backward != expected:
+        raise ScheduleError("the backward sequence must run every backward op once, in order")
+    for t in schedule.saved:
+        if problem.tensors[t].role not in DROPPABLE_ROLES:
+            raise ScheduleError(f"saved tensor {problem.tensors[t].name!r} is not a forward activation")
+    available = {t.id for t in problem.tensors if t.role not in DROPPABLE_ROLES and t.role not in ("temp", "grad")}
+    available |= set(schedule.saved)
+    for i in schedule.backward:
+        op = problem.ops[i]
+        if op.phase == "forward" and not op.recomputable:
+            raise ScheduleError(f"op {op.name!r} must not be recomputed (random or impure)")
+        missing = [problem.tensors[t].name for t in op.inputs if t not in available]
+        if missing:
+            raise ScheduleError(f"op {op.name!r} runs before its inputs exist: {', '.join(missing)}")
+        available.update(op.outputs)

@@ -1,0 +1,108 @@
+"""Replay a schedule on its problem: memory live at every op, the peak, the time.
+
+This is the one place that defines what a schedule costs. The solvers' reported
+peaks, the tests and the benchmarks all come from here, and the runtime is built
+to free exactly when this replay frees (after each copy's last reader).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .problem import PERSISTENT_ROLES, Problem
+from .schedule import Schedule, validate
+
+# Tensors nobody frees during the step once they exist.
+_HELD_ROLES = (*PERSISTENT_ROLES, "output", "grad")
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Memory during each op run (live bytes plus its outputs and workspace) and times."""
+
+    timeline: tuple[tuple[str, int], ...]
+    forward_time: float
+    backward_time: float
+    recompute_time: float
+
+    @property
+    def peak(self) -> int:
+        return max(b for _, b in self.timeline)
+
+    @property
+    def peak_at(self) -> str:
+        return max(self.timeline, key=lambda e: e[1])[0]
+
+    @property
+    def time(self) -> float:
+        return self.forward_time + self.backward_time + self.recompute_time
+
+
+def simulate(problem: Problem, schedule: Schedule) -> Replay:
+    """Replay `schedule`; raises ScheduleError if it cannot run."""
+    validate(problem, schedule)
+    tensors = problem.tensors
+    base = problem.persistent_bytes
+    timeline: list[tuple[str, int]] = []
+    live: dict[tuple[int, int], int] = {}  # (tensor, copy) -> bytes
+
+    def run(label: str, op, copy: dict[int, int]) -> None:
+        timeline.append((label, base + sum(live.values()) + problem.out_bytes(op) + op.workspace))
+        for t in op.outputs:
+            live[(t, copy.get(t, 0))] = tensors[t].bytes
+
+    # Forward: every op once; a tensor dies after its last forward reader unless saved.
+    last_forward_read: dict[int, int] = {}
+    for op in problem.forward_ops:
+        for t in op.inputs:
+            last_forward_read[t] = op.id
+    for op in problem.forward_ops:
+        run(op.name, op, {})
+        for t in (*op.inputs, *op.outputs):
+            role = tensors[t].role
+            if role == "activation" and t not in schedule.saved and last_forward_read.get(t, -1) <= op.id:
+                live.pop((t, 0), None)
+    forward_time = sum(op.time for op in problem.forward_ops)
+
+    # The caller's buffers take the new running stats; the backward's seeds arrive.
+    for t in tensors:
+        if t.role == "state" and t.id not in schedule.saved:
+            live.pop((t.id, 0), None)
+        if t.role == "tangent":
+            live[(t.id, 0)] = t.bytes
+
+    # Backward: each read takes the newest copy; each copy dies after its last reader.
+    reads: list[list[tuple[int, int]]] = []
+    last_read: dict[tuple[int, int], int] = {}
+    version = {t.id: 0 for t in tensors}
+    for pos, i in enumerate(schedule.backward):
+        op = problem.ops[i]
+        keys = [(t, version[t]) for t in op.inputs]
+        reads.append(keys)
+        for key in keys:
+            last_read[key] = pos
+        if op.phase == "forward":
+            for t in op.outputs:
+                version[t] += 1
+    for key in list(live):
+        if key not in last_read and tensors[key[0]].role not in _HELD_ROLES:
+            del live[key]
+
+    backward_time = recompute_time = 0.0
+    copy = {t.id: 0 for t in tensors}
+    for pos, i in enumerate(schedule.backward):
+        op = problem.ops[i]
+        if op.phase == "forward":
+            for t in op.outputs:
+                copy[t] += 1
+            recompute_time += op.time
+            run(f"recompute {op.name}", op, copy)
+        else:
+            backward_time += op.time
+            run(op.name, op, copy)
+        done = [k for k in reads[pos] if last_read[k] == pos]
+        done += [(t, copy[t]) for t in op.outputs if (t, copy[t]) not in last_read]
+        for key in done:
+            if tensors[key[0]].role not in _HELD_ROLES:
+                live.pop(key, None)
+    return Replay(tuple(timeline), forward_time, backward_time, recompute_time)

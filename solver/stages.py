@@ -1,0 +1,151 @@
+"""What every formulation needs to know about a problem's stages.
+
+Stage k is backward op k. For each droppable forward tensor this gives the
+stages where the backward reads it directly and the window of stages where it
+can be needed at all (directly, or to recompute something that is needed);
+and the memory that no decision changes: at each forward op, and at each stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from .problem import Problem
+from .schedule import DROPPABLE_ROLES
+
+
+def _hull(a: tuple[int, int] | None, b: tuple[int, int]) -> tuple[int, int]:
+    return b if a is None else (min(a[0], b[0]), max(a[1], b[1]))
+
+
+@dataclass(frozen=True)
+class Stages:
+    problem: Problem
+
+    @cached_property
+    def stage_of(self) -> dict[int, int]:
+        return {op.id: k for k, op in enumerate(self.problem.backward_ops)}
+
+    @property
+    def count(self) -> int:
+        return len(self.problem.backward_ops)
+
+    @cached_property
+    def reads(self) -> tuple[dict[int, int], dict[int, int]]:
+        """First and last stage at which the backward reads each tensor directly."""
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for k, op in enumerate(self.problem.backward_ops):
+            for t in op.inputs:
+                first.setdefault(t, k)
+                last[t] = k
+        return first, last
+
+    @cached_property
+    def windows(self) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
+        """Stages where each droppable forward tensor, and each recomputable op, can be needed."""
+        p = self.problem
+        tensor_win: dict[int, tuple[int, int]] = {}
+        op_win: dict[int, tuple[int, int]] = {}
+        for op in reversed(p.forward_ops):
+            win = None
+            for t in op.outputs:
+                if p.tensors[t].role not in DROPPABLE_ROLES:
+                    continue
+                tw = None
+                for reader in p.readers[t]:
+                    if reader in self.stage_of:
+                        k = self.stage_of[reader]
+                        tw = _hull(tw, (k, k))
+                    elif reader in op_win:
+                        tw = _hull(tw, op_win[reader])
+                if tw is not None:
+                    tensor_win[t] = tw
+                    win = _hull(win, tw)
+            if win is not None and op.recomputable:
+                op_win[op.id] = win
+        return tensor_win, op_win
+
+    @cached_property
+    def forward_rows(self) -> list[tuple[int, list[int]]]:
+        """Per forward op: (bytes live regardless of decisions, tensors that cost bytes there only if saved)."""
+        p = self.problem
+        tensor_win = self.windows[0]
+        last_read: dict[int, int] = {}
+        for op in p.forward_ops:
+            for t in op.inputs:
+                last_read[t] = op.id
+        produced: list[int] = []
+        rows = []
+        for op in p.forward_ops:
+            fixed = p.persistent_bytes + p.out_bytes(op) + op.workspace
+            optional = []
+            for t in produced:
+                tensor = p.tensors[t]
+                if tensor.role in ("output", "state") or last_read.get(t, -1) >= op.id:
+                    fixed += tensor.bytes
+                elif t in tensor_win:
+                    optional.append(t)
+            rows.append((fixed, optional))
+            produced.extend(op.outputs)
+        return rows
+
+    @cached_property
+    def backward_fixed(self) -> list[int]:
+        """Per stage: persistent bytes, model outputs, gradients so far, live temporaries and tangents."""
+        p = self.problem
+        tensors = p.tensors
+        last = self.reads[1]
+        held = p.persistent_bytes + sum(t.bytes for t in tensors if t.role == "output")
+        fixed = [held] * self.count
+        grads = 0
+        for k, op in enumerate(p.backward_ops):
+            fixed[k] += grads
+            grads += sum(tensors[t].bytes for t in op.outputs if tensors[t].role == "grad")
+            for t in op.outputs:
+                if tensors[t].role == "temp" and t in last:
+                    for j in range(k + 1, last[t] + 1):
+                        fixed[j] += tensors[t].bytes
+        for t in tensors:
+            if t.role == "tangent" and t.id in last:
+                for j in range(last[t.id] + 1):
+                    fixed[j] += t.bytes
+        return fixed
+
+    @cached_property
+    def op_floor(self) -> list[int]:
+        """Per stage: the backward op's own outputs and workspace."""
+        p = self.problem
+        return [p.out_bytes(op) + op.workspace for op in p.backward_ops]
+
+    @cached_property
+    def never_worth_keeping(self) -> frozenset[int]:
+        """Tensors whose keeping is dominated: read by no backward op and by one forward op
+        with a single needed output no larger than them; keeping that output instead costs
+        no more memory and no recomputation."""
+        p = self.problem
+        tensor_win = self.windows[0]
+        first = self.reads[0]
+        out = set()
+        for t in tensor_win:
+            readers = p.readers[t]
+            if t in first or len(readers) != 1 or p.ops[readers[0]].phase != "forward":
+                continue
+            needed = [u for u in p.ops[readers[0]].outputs if u in tensor_win]
+            if len(needed) == 1 and p.tensors[needed[0]].bytes <= p.tensors[t].bytes:
+                out.add(t)
+        return frozenset(out)
+
+
+def stage_workspace(milp, problem: Problem, floor: int, reruns: list[tuple[int, list[tuple[int, float]]]]) -> int:
+    """A variable (bytes) at least the backward op's own need and each rerun op's workspace.
+
+    `reruns` pairs an op id with the linear terms that equal 1 when it reruns in this stage.
+    """
+    ws = milp.add_vars(lower=floor)
+    for o, rerun in reruns:
+        need = problem.ops[o].workspace
+        if need > floor:
+            milp.add_row([(var, coef * need / 1e6) for var, coef in rerun] + [(ws, -1.0 / 1e6)], 0.0)
+    return ws

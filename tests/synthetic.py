@@ -1,0 +1,81 @@
+"""Small framework-free problems for solver tests: chains and random DAGs."""
+
+from __future__ import annotations
+
+import random
+
+from monet.solver import Op, Problem, Tensor
+
+
+class _Builder:
+    def __init__(self):
+        self.tensors: list[Tensor] = []
+        self.ops: list[Op] = []
+
+    def tensor(self, name, nbytes, role, producer=None) -> int:
+        self.tensors.append(Tensor(len(self.tensors), name, nbytes, role, producer))
+        return len(self.tensors) - 1
+
+    def op(self, name, phase, inputs, outputs, time=1.0, workspace=0, recomputable=True) -> int:
+        """outputs: list of (name, bytes, role)."""
+        op_id = len(self.ops)
+        outs = tuple(self.tensor(n, b, r, op_id) for n, b, r in outputs)
+        self.ops.append(Op(op_id, name, f"test.{name}", phase, tuple(inputs), outs, time, workspace, recomputable))
+        return op_id
+
+    def problem(self) -> Problem:
+        return Problem(self.tensors, self.ops, {"name": "synthetic"})
+
+
+def chain(n: int, size: int = 100, time: float = 1.0, param: int = 0) -> Problem:
+    """n identical layers: f_i reads a_{i-1}; b_i reads a_{i-1} and the gradient of a_i."""
+    b = _Builder()
+    x = b.tensor("x", size, "input")
+    w = b.tensor("w", param, "param")
+    acts = [x]
+    for i in range(n):
+        role = "output" if i == n - 1 else "activation"
+        f = b.op(f"f{i}", "forward", [acts[-1], w], [(f"a{i}", size, role)], time)
+        acts.append(b.ops[f].outputs[0])
+    grad = b.tensor("dy", size, "tangent")
+    for i in reversed(range(n)):
+        outs = [(f"g{i}", size, "temp" if i else "grad")]
+        op = b.op(f"b{i}", "backward", [grad, acts[i]], outs, time)
+        grad = b.ops[op].outputs[0]
+    return b.problem()
+
+
+def random_dag(seed: int, n_forward: int = 8) -> Problem:
+    """A random forward DAG with its mirrored backward, random sizes and costs."""
+    rng = random.Random(seed)
+    b = _Builder()
+    x = b.tensor("x", rng.randint(10, 100), "input")
+    w = b.tensor("w", rng.randint(0, 50), "param")
+    acts = [x]
+    fwd_ops = []
+    for i in range(n_forward):
+        k = rng.randint(1, min(2, len(acts)))
+        ins = sorted(set(rng.sample(acts, k)))
+        role = "output" if i == n_forward - 1 else "activation"
+        outs = [(f"a{i}", rng.randint(10, 200), role)]
+        if rng.random() < 0.2:
+            outs.append((f"aux{i}", rng.randint(1, 20), "activation"))
+        f = b.op(f"f{i}", "forward", ins + [w], outs, rng.uniform(0.1, 2.0),
+                 workspace=rng.choice([0, 0, rng.randint(1, 100)]), recomputable=rng.random() > 0.1)
+        fwd_ops.append(f)
+        acts.extend(b.ops[f].outputs)
+    grads = {b.ops[fwd_ops[-1]].outputs[0]: b.tensor("dy", b.tensors[b.ops[fwd_ops[-1]].outputs[0]].bytes, "tangent")}
+    for f in reversed(fwd_ops):
+        op = b.ops[f]
+        gin = [grads[t] for t in op.outputs if t in grads]
+        if not gin:
+            continue
+        reads = [t for t in op.inputs if b.tensors[t].role != "param"]
+        saved = [t for t in op.outputs if rng.random() < 0.5]
+        outs = [(f"g_{b.tensors[t].name}_{op.name}", b.tensors[t].bytes, "temp") for t in reads]
+        outs.append((f"gw_{op.name}", 5, "grad"))
+        bid = b.op(f"b_{op.name}", "backward", gin + reads + saved, outs, rng.uniform(0.1, 2.0),
+                   workspace=rng.choice([0, rng.randint(1, 50)]))
+        for t, g in zip(reads, b.ops[bid].outputs):
+            grads.setdefault(t, g)
+    return b.problem()
