@@ -2,19 +2,29 @@
 
 Trace the training step (monet.graph), solve what to keep and what to recompute
 under a memory budget (monet.solver), and run the step by that schedule
-(MONeTWrapper).
+(MONeTWrapper). The public names below load on first use, so that
+`import monet.solver` stays free of torch.
 """
 
-from monet.graph import InputSpec
-from monet.schedules import ScheduleFile, ScheduleFileError, load_schedule
-from monet.solver import InfeasibleBudgetError
+from importlib import import_module
 
-from .api import solve
-from .memory import PeakMemory, resident_bytes
-from .runtime import ScheduleMismatchError
-from .wrapper import MONeTWrapper
+_EXPORTS = {
+    "MONeTWrapper": "monet.wrapper",
+    "ScheduleMismatchError": "monet.runtime",
+    "solve": "monet.api",
+    "PeakMemory": "monet.memory",
+    "resident_bytes": "monet.memory",
+    "InputSpec": "monet.graph",
+    "ScheduleFile": "monet.schedules",
+    "ScheduleFileError": "monet.schedules",
+    "load_schedule": "monet.schedules",
+    "InfeasibleBudgetError": "monet.solver",
+}
 
-__all__ = [
-    "InfeasibleBudgetError", "InputSpec", "MONeTWrapper", "PeakMemory", "ScheduleFile", "ScheduleFileError",
-    "ScheduleMismatchError", "load_schedule", "resident_bytes", "solve",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'monet' has no attribute {name!r}")

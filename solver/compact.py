@@ -9,7 +9,8 @@ follows from d and is continuous, and integral whenever d is:
   P[o,k]   op o has rerun at or before stage k (monotone in k);
            bounded below and above by the needs that trigger it, so it
            switches on exactly at the first need;
-  z        "consumer c has rerun by k and its input u is dropped" (c forces u's op);
+  z        "consumer c has rerun by k and its input u is dropped", needed only when
+           u's op has several needed outputs (else P[op(u),k] <= d[u] does it);
   Q[t,k]   t is still needed at stage k or later;
   M[t,k]   bytes of t held at stage k (saved copy, or the rerun copy).
 Memory rows are those of the general formulation with M in place of S and R.
@@ -78,25 +79,33 @@ class Compact:
                 for k in range(max(op_win[o][0], first_read[t]), op_win[o][1] + 1):
                     milp.add_row([(var, 1.0), (P(o, k), -1.0)], 0.0)
                     triggers[(o, k)].append(var)
+        needed_outputs = {o: [u for u in problem.ops[o].outputs if u in self.drop] for o in op_win}
+        for o, outs in needed_outputs.items():
+            if len(outs) == 1:  # a single needed output: o reruns only if it is dropped
+                for k in range(op_win[o][0], op_win[o][1] + 1):
+                    milp.add_row([(P(o, k), 1.0), (self.drop[outs[0]], -1.0)], 0.0)
         for c, (a, b) in op_win.items():
             for u in problem.ops[c].inputs:
                 if u not in self.drop:
                     continue
                 source = tensors[u].producer
-                if source not in op_win:
-                    for k in range(a, b + 1):
-                        milp.add_row([(P(c, k), 1.0), (self.drop[u], 1.0)], 1.0)
-                    continue
                 for k in range(a, b + 1):
-                    z = milp.add_vars(upper=1.0)  # c has rerun by stage k and needs u rebuilt
-                    milp.add_row([(P(c, k), 1.0), (self.drop[u], 1.0), (z, -1.0)], 1.0)
-                    milp.add_row([(z, 1.0), (P(c, k), -1.0)], 0.0)
-                    milp.add_row([(z, 1.0), (self.drop[u], -1.0)], 0.0)
-                    milp.add_row([(z, 1.0), (P(source, k), -1.0)], 0.0)
-                    triggers[(source, k)].append(z)
+                    if source not in op_win:
+                        milp.add_row([(P(c, k), 1.0), (self.drop[u], 1.0)], 1.0)
+                        continue
+                    # c rerun by stage k with u dropped forces u's op by then.
+                    milp.add_row([(P(c, k), 1.0), (self.drop[u], 1.0), (P(source, k), -1.0)], 1.0)
+                    if len(needed_outputs[source]) == 1:
+                        trigger = P(c, k)  # the source's own row above ties it to d[u]
+                    else:
+                        trigger = milp.add_vars(upper=1.0)  # P[c,k] and d[u]
+                        milp.add_row([(P(c, k), 1.0), (self.drop[u], 1.0), (trigger, -1.0)], 1.0)
+                        milp.add_row([(trigger, 1.0), (P(c, k), -1.0)], 0.0)
+                        milp.add_row([(trigger, 1.0), (self.drop[u], -1.0)], 0.0)
+                    triggers[(source, k)].append(trigger)
                     if k == b:  # past c's window P[c] keeps its last value, and so does this trigger
                         for later in range(b + 1, op_win[source][1] + 1):
-                            triggers[(source, later)].append(z)
+                            triggers[(source, later)].append(trigger)
         for (o, k), trig in triggers.items():
             milp.add_row([(P(o, k), 1.0)] + [(v, -1.0) for v in trig], 0.0)
 

@@ -107,7 +107,7 @@ class Milp:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # cvxpy warns on inaccurate solutions; the status says so
             problem.solve(solver=cp.HIGHS, time_limit=float(time_limit), random_seed=int(seed),
-                          mip_rel_gap=mip_rel_gap)
+                          mip_rel_gap=mip_rel_gap, verbose=bool(__import__('os').environ.get('MONET_HIGHS_VERBOSE')))
         seconds = time.perf_counter() - start
         if problem.status in ("infeasible", "infeasible_inaccurate"):
             return MilpResult("infeasible", None, np.inf, np.inf, np.inf, seconds)

@@ -24,6 +24,7 @@ class Replay:
     forward_time: float
     backward_time: float
     recompute_time: float
+    peak_live: frozenset[int]  # tensors held (or being made) at the peak
 
     @property
     def peak(self) -> int:
@@ -44,12 +45,17 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
     tensors = problem.tensors
     base = problem.persistent_bytes
     timeline: list[tuple[str, int]] = []
-    live: dict[tuple[int, int], int] = {}  # (tensor, copy) -> bytes
+    live = _LiveSet()
+    peak, peak_live = -1, frozenset()
 
     def run(label: str, op, copy: dict[int, int]) -> None:
-        timeline.append((label, base + sum(live.values()) + problem.out_bytes(op) + op.workspace))
+        nonlocal peak, peak_live
+        now = base + live.bytes + problem.out_bytes(op) + op.workspace
+        if now > peak:
+            peak, peak_live = now, live.tensors() | frozenset(op.outputs)
+        timeline.append((label, now))
         for t in op.outputs:
-            live[(t, copy.get(t, 0))] = tensors[t].bytes
+            live.add((t, copy.get(t, 0)), tensors[t].bytes)
 
     # Forward: every op once; a tensor dies after its last forward reader unless saved.
     last_forward_read: dict[int, int] = {}
@@ -61,15 +67,15 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
         for t in (*op.inputs, *op.outputs):
             role = tensors[t].role
             if role == "activation" and t not in schedule.saved and last_forward_read.get(t, -1) <= op.id:
-                live.pop((t, 0), None)
+                live.discard((t, 0))
     forward_time = sum(op.time for op in problem.forward_ops)
 
     # The caller's buffers take the new running stats; the backward's seeds arrive.
     for t in tensors:
         if t.role == "state" and t.id not in schedule.saved:
-            live.pop((t.id, 0), None)
+            live.discard((t.id, 0))
         if t.role == "tangent":
-            live[(t.id, 0)] = t.bytes
+            live.add((t.id, 0), t.bytes)
 
     # Backward: each read takes the newest copy; each copy dies after its last reader.
     reads: list[list[tuple[int, int]]] = []
@@ -84,9 +90,9 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
         if op.phase == "forward":
             for t in op.outputs:
                 version[t] += 1
-    for key in list(live):
+    for key in live.keys():
         if key not in last_read and tensors[key[0]].role not in _HELD_ROLES:
-            del live[key]
+            live.discard(key)
 
     backward_time = recompute_time = 0.0
     copy = {t.id: 0 for t in tensors}
@@ -104,5 +110,27 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
         done += [(t, copy[t]) for t in op.outputs if (t, copy[t]) not in last_read]
         for key in done:
             if tensors[key[0]].role not in _HELD_ROLES:
-                live.pop(key, None)
-    return Replay(tuple(timeline), forward_time, backward_time, recompute_time)
+                live.discard(key)
+    return Replay(tuple(timeline), forward_time, backward_time, recompute_time, peak_live)
+
+
+class _LiveSet:
+    """Copies of tensors that are live, keyed (tensor, copy), with their byte total."""
+
+    def __init__(self):
+        self._sizes: dict[tuple[int, int], int] = {}
+        self.bytes = 0
+
+    def add(self, key: tuple[int, int], size: int) -> None:
+        self.discard(key)
+        self._sizes[key] = size
+        self.bytes += size
+
+    def discard(self, key: tuple[int, int]) -> None:
+        self.bytes -= self._sizes.pop(key, 0)
+
+    def keys(self) -> list[tuple[int, int]]:
+        return list(self._sizes)
+
+    def tensors(self) -> frozenset[int]:
+        return frozenset(t for t, _ in self._sizes)
