@@ -22,6 +22,6 @@ setup(
         "rich",
         "jsonschema",
     ],
-    extras_require={"test": ["pytest", "monai", "transformers"]},
+    extras_require={"test": ["pytest", "hypothesis"]},
     entry_points={"console_scripts": ["monet=monet.cli:main"]},
 )

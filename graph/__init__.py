@@ -11,25 +11,30 @@ from monet.solver import Problem
 
 from .analyze import GraphAnalysis, UnsupportedGraphError, allocation_bytes, analyze, fingerprint
 from .capture import InputSpec, TracedStep, TraceError, model_device
-from .cost_model import analytic_costs
-from .profile import OpCost, measure
+from .cost_model import analytic_times
+from .profile import measure_times, measure_workspace
 
 COST_MODELS = ("measured", "analytic")
 
 
 def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = "measured", *,
                    repeats: int = 3, progress: Callable[[int, int], None] | None = None) -> Problem:
-    """The analysed problem with each op's time and workspace filled in."""
-    if cost_model == "measured":
-        costs = measure(analysis, step.graph_module, step.model, step.spec.example(step.device),
-                        repeats=repeats, progress=progress)
-    elif cost_model == "analytic":
-        costs = analytic_costs(analysis, step.graph_module)
-    else:
+    """The analysed problem with each op's time and workspace filled in.
+
+    Workspace is always measured (kernel temporaries are a fact of this machine's
+    libraries, and their sizes repeat exactly); time is measured ("measured") or
+    the roofline estimate ("analytic", deterministic).
+    """
+    if cost_model not in COST_MODELS:
         raise ValueError(f"cost model {cost_model!r} is not one of {', '.join(COST_MODELS)}")
+    gm, x = step.graph_module, step.spec.example(step.device)
+    workspace = measure_workspace(analysis, gm, step.model, x)
+    if cost_model == "measured":
+        times = measure_times(analysis, gm, step.model, x, repeats=repeats, progress=progress)
+    else:
+        times = analytic_times(analysis, gm)
     problem = analysis.problem
-    ops = [dataclasses.replace(op, time=costs[op.name].time, workspace=costs[op.name].workspace)
-           for op in problem.ops]
+    ops = [dataclasses.replace(op, time=times[op.name], workspace=workspace[op.name]) for op in problem.ops]
     meta = {
         **problem.meta,
         "model": type(step.model).__name__,
@@ -42,6 +47,7 @@ def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = 
 
 
 __all__ = [
-    "COST_MODELS", "GraphAnalysis", "InputSpec", "OpCost", "TraceError", "TracedStep", "UnsupportedGraphError",
-    "allocation_bytes", "analyze", "analytic_costs", "costed_problem", "fingerprint", "measure", "model_device",
+    "COST_MODELS", "GraphAnalysis", "InputSpec", "TraceError", "TracedStep", "UnsupportedGraphError",
+    "allocation_bytes", "analyze", "analytic_times", "costed_problem", "fingerprint", "measure_times",
+    "measure_workspace", "model_device",
 ]

@@ -90,7 +90,7 @@ class TracedStep:
             self._stack.close()
             raise TraceError(
                 f"could not trace the training step of {type(model).__name__} at input {spec.describe()}: "
-                f"{type(exc).__name__}: {exc}. monet needs a model whose forward traces into one graph "
+                f"{type(exc).__name__}: {str(exc).rstrip('.')}. monet needs a model whose forward traces into one graph "
                 "(no Python control flow that depends on tensor values)"
             ) from exc
         finally:

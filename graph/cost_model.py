@@ -1,9 +1,8 @@
-"""Analytic op costs: FLOPs and bytes moved, priced at nominal machine rates.
+"""Analytic op times: FLOPs and bytes moved, priced at nominal machine rates.
 
-Deterministic and machine-independent, for schedules that must be reproducible
-(tests, precomputed schedules). An op's time is a roofline estimate
-max(flops / FLOP_RATE, bytes / BANDWIDTH) plus a fixed launch overhead; its
-workspace is taken as zero.
+Deterministic, for schedules that must be reproducible (tests, precomputed
+schedules): an op's time is the roofline estimate
+max(flops / FLOP_RATE, bytes / BANDWIDTH) plus a fixed launch overhead.
 """
 
 from __future__ import annotations
@@ -13,15 +12,14 @@ from torch._guards import detect_fake_mode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .analyze import GraphAnalysis
-from .profile import OpCost
 
 FLOP_RATE = 1e12  # FLOP/s
 BANDWIDTH = 1e11  # bytes/s
 LAUNCH = 5e-6  # s per op
 
 
-def analytic_costs(analysis: GraphAnalysis, gm: torch.fx.GraphModule) -> dict[str, OpCost]:
-    """Roofline cost of every op in `analysis.problem`, keyed by op name."""
+def analytic_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule) -> dict[str, float]:
+    """Roofline seconds of every op in `analysis.problem`, keyed by op name."""
     problem = analysis.problem
     nodes = {n.name: n for n in gm.graph.nodes}
     vals = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
@@ -33,5 +31,5 @@ def analytic_costs(analysis: GraphAnalysis, gm: torch.fx.GraphModule) -> dict[st
         with fake_mode, FlopCounterMode(display=False) as counter:
             node.target(*args, **kwargs)
         moved = sum(problem.tensors[t].bytes for t in (*op.inputs, *op.outputs))
-        costs[op.name] = OpCost(max(counter.get_total_flops() / FLOP_RATE, moved / BANDWIDTH) + LAUNCH, 0)
+        costs[op.name] = max(counter.get_total_flops() / FLOP_RATE, moved / BANDWIDTH) + LAUNCH
     return costs

@@ -1,4 +1,4 @@
-"""Measure every op of a joint graph on this machine: time and workspace.
+"""Measure the ops of a joint graph on this machine: time and workspace.
 
 The graph runs node by node on real tensors (the model's parameters, a batch,
 random tangents), freeing each value after its last use as the runtime would.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -22,12 +21,6 @@ from .analyze import GraphAnalysis, allocation_bytes
 from .cpu_allocator import allocator_events
 
 OP_MARK = "monet.op:"
-
-
-@dataclass(frozen=True)
-class OpCost:
-    time: float  # seconds
-    workspace: int  # bytes
 
 
 def _inputs(gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
@@ -73,39 +66,34 @@ def _walk(gm, values, on_op: Callable[[torch.fx.Node, Callable[[], object]], obj
                 env.pop(name, None)
 
 
-def measure(analysis: GraphAnalysis, gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,
-            *, repeats: int = 3, warmup: int = 1, seed: int = 0,
-            progress: Callable[[int, int], None] | None = None) -> dict[str, OpCost]:
-    """Measured cost of every op in `analysis.problem`, keyed by op name."""
-    problem = analysis.problem
-    ops = {op.name: op for op in problem.ops}
+def measure_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,
+                  *, repeats: int = 3, warmup: int = 1, seed: int = 0,
+                  progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+    """Median seconds of every op in `analysis.problem` over `repeats` runs after `warmup`."""
+    ops = {op.name for op in analysis.problem.ops}
     device = x.device
+    times: dict[str, float] = {}
+
+    def timed(node, call):
+        if node.name not in ops:
+            return call()
+        for _ in range(warmup):
+            call()
+        samples = []
+        for _ in range(repeats):
+            _sync(device)
+            start = time.perf_counter()
+            out = call()
+            _sync(device)
+            samples.append(time.perf_counter() - start)
+        times[node.name] = statistics.median(samples)
+        if progress:
+            progress(len(times), len(ops))
+        return out
+
     with torch.no_grad():
-        workspace = _measure_workspace(problem, gm, model, x, seed, device)
-        times: dict[str, float] = {}
-        done = 0
-
-        def timed(node, call):
-            nonlocal done
-            if node.name not in ops:
-                return call()
-            for _ in range(warmup):
-                call()
-            samples = []
-            for _ in range(repeats):
-                _sync(device)
-                start = time.perf_counter()
-                out = call()
-                _sync(device)
-                samples.append(time.perf_counter() - start)
-            times[node.name] = statistics.median(samples)
-            done += 1
-            if progress:
-                progress(done, len(ops))
-            return out
-
         _walk(gm, _inputs(gm, model, x, seed), timed)
-    return {name: OpCost(times[name], workspace[name]) for name in ops}
+    return times
 
 
 def _sync(device: torch.device) -> None:
@@ -113,7 +101,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _measure_workspace(problem: Problem, gm, model, x, seed, device) -> dict[str, int]:
+def measure_workspace(analysis: GraphAnalysis, gm: torch.fx.GraphModule, model: torch.nn.Module,
+                      x: torch.Tensor, *, seed: int = 0) -> dict[str, int]:
+    """Bytes each op of `analysis.problem` allocates beyond its outputs while it runs."""
+    with torch.no_grad():
+        return _workspace(analysis.problem, gm, model, x, seed, x.device)
+
+
+def _workspace(problem: Problem, gm, model, x, seed, device) -> dict[str, int]:
     ops = {op.name: op for op in problem.ops}
     new_bytes = {op.name: problem.out_bytes(op) for op in problem.ops}
     result: dict[str, int] = {}

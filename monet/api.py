@@ -30,12 +30,14 @@ def trace_problem(model: nn.Module, spec: InputSpec, *, cost_model: str = "measu
 
 def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | float, *,
           input_dtype: str = "float32", input_requires_grad: bool = False, cost_model: str = "measured",
-          formulation: str = "compact", time_limit: float = 60.0, progress: Progress | None = None) -> ScheduleFile:
+          formulation: str = "compact", time_limit: float = 60.0, progress: Progress | None = None,
+          solver_log: bool = False) -> ScheduleFile:
     """The least-overhead schedule for training `model` on `input_shape` within `budget`.
 
     `budget` is bytes, a size string ('4GiB') or a percentage of the unconstrained peak ('50%').
     `formulation` is "compact" (each tensor recomputed at most once; scales) or "general"
-    (any number of recomputations; reaches lower budgets on small graphs).
+    (any number of recomputations; reaches lower budgets on small graphs). `solver_log`
+    prints HiGHS's progress.
     Nothing is written; call `.save(path)` on the result to keep it.
     """
     spec = InputSpec(tuple(input_shape), input_dtype, input_requires_grad)
@@ -44,7 +46,8 @@ def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | floa
     budget_bytes = parse_budget(budget, unconstrained.peak)
     if progress:
         progress("solving", 0, None)
-    solution = solve_problem(problem, budget_bytes, formulation=formulation, time_limit=time_limit)
+    solution = solve_problem(problem, budget_bytes, formulation=formulation, time_limit=time_limit,
+                             verbose=solver_log)
     return schedule_file(problem, solution, unconstrained, type(model).__name__)
 
 

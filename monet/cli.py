@@ -10,6 +10,7 @@ from collections import Counter
 
 import torch
 import torch.nn.functional as F
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -57,13 +58,14 @@ def _shape(text: str) -> tuple[int, ...]:
 
 def _solve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost-model", choices=COST_MODELS, default="measured",
-                        help="op costs: measured on this machine, or analytic (FLOPs and bytes; "
-                             "deterministic). Default: measured")
+                        help="op times: measured on this machine, or analytic (from FLOPs and bytes; "
+                             "deterministic). Workspace is measured either way. Default: measured")
     parser.add_argument("--formulation", choices=sorted(FORMULATIONS), default="compact",
                         help="compact: each tensor recomputed at most once (scales); general: any number "
                              "of times (lower budgets, small graphs). Default: compact")
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
                         help="solver time limit; the best schedule found by then is returned. Default: 60")
+    parser.add_argument("--solver-log", action="store_true", help="show HiGHS's log while solving")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,7 +112,8 @@ def _solve(args) -> int:
     with _progress() as progress:
         schedule = solve(model, args.input_shape, args.budget, input_dtype=args.input_dtype,
                          input_requires_grad=args.input_requires_grad, cost_model=args.cost_model,
-                         formulation=args.formulation, time_limit=args.time_limit, progress=progress)
+                         formulation=args.formulation, time_limit=args.time_limit, progress=progress,
+                         solver_log=args.solver_log)
     path = schedule.save(args.output)
     _print_summary(schedule)
     console.print(f"wrote {path}")
@@ -163,20 +166,20 @@ def _demo(args) -> int:
     def loss(out):
         return F.cross_entropy(out, target)
 
-    rows = [("PyTorch (no monet)", None, measure_training(copy.deepcopy(model), model, x, loss, args.steps), None)]
+    rows = [("PyTorch", None, measure_training(copy.deepcopy(model), model, x, loss, args.steps), None)]
     for budget in ("100%", args.budget):
         run_model = copy.deepcopy(model)
         with _progress() as progress:
             schedule = solve(run_model, shape, budget, cost_model=args.cost_model, formulation=args.formulation,
-                             time_limit=args.time_limit, progress=progress)
+                             time_limit=args.time_limit, progress=progress, solver_log=args.solver_log)
         wrapped = MONeTWrapper(run_model, schedule, shape)
-        rows.append((f"monet @ {budget}", schedule, measure_training(wrapped, run_model, x, loss, args.steps),
+        rows.append((f"monet {budget}", schedule, measure_training(wrapped, run_model, x, loss, args.steps),
                      schedule.solver["solve_time_s"]))
 
     base = rows[0][2].step_time
-    table = Table(title="one training step (forward, backward, SGD update)")
-    for col in ("run", "budget", "predicted peak", "measured peak", "step time", "overhead", "solve time"):
-        table.add_column(col, justify="left" if col == "run" else "right")
+    table = Table(title="peak memory and time of one training step (forward, backward, SGD)", box=box.SIMPLE_HEAD)
+    for col in ("run", "budget", "predicted", "measured", "step", "overhead", "solve"):
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
     for name, schedule, stats, solve_time in rows:
         table.add_row(
             name,

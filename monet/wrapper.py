@@ -7,7 +7,7 @@ import os
 import torch
 from torch import nn
 
-from monet.graph import GraphAnalysis, InputSpec, TracedStep, analyze, model_device
+from monet.graph import GraphAnalysis, InputSpec, TracedStep, TraceError, analyze, model_device
 from monet.schedules import ScheduleFile, load_schedule
 from monet.solver import Schedule, validate
 
@@ -30,7 +30,7 @@ class MONeTWrapper(nn.Module):
         plan_file = solution_file if isinstance(solution_file, ScheduleFile) else load_schedule(solution_file)
         spec = InputSpec(tuple(input_shape), plan_file.input["dtype"], plan_file.input["requires_grad"])
         _check_input(plan_file, spec, model_device(model).type)
-        with TracedStep(model, spec) as step:
+        with _traced(model, spec, plan_file) as step:
             analysis = analyze(step.graph_module)
             _check_graph(plan_file, analysis, model, spec)
             schedule = Schedule.from_dict(analysis.problem, plan_file.schedule)
@@ -55,6 +55,19 @@ class MONeTWrapper(nn.Module):
         params = [self.model.get_parameter(n) for n in self._param_names]
         buffers = [self.model.get_buffer(n) for n in self._buffer_names]
         return self._step(*params, *buffers, x)
+
+
+def _traced(model: nn.Module, spec: InputSpec, plan_file: ScheduleFile) -> TracedStep:
+    """Trace `model`; a model that cannot take the schedule's input is the wrong model."""
+    try:
+        return TracedStep(model, spec)
+    except TraceError as exc:
+        if plan_file.model == type(model).__name__:
+            raise
+        raise ScheduleMismatchError(
+            f"the schedule was made for {plan_file.model} at input {spec.describe()}, and "
+            f"{type(model).__name__} does not trace at that input ({exc.__cause__}); solve a schedule for this model"
+        ) from exc
 
 
 def _check_input(plan_file: ScheduleFile, spec: InputSpec, device: str) -> None:

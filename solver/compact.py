@@ -12,8 +12,12 @@ follows from d and is continuous, and integral whenever d is:
   z        "consumer c has rerun by k and its input u is dropped", needed only when
            u's op has several needed outputs (else P[op(u),k] <= d[u] does it);
   Q[t,k]   t is still needed at stage k or later;
-  M[t,k]   bytes of t held at stage k (saved copy, or the rerun copy).
-Memory rows are those of the general formulation with M in place of S and R.
+  held     copies made before stage k and still needed at it;
+  S, X     bytes made by a stage's reruns, moment by moment (see below).
+Memory rows: every forward op, and every moment of every stage (each rerun,
+then the backward op). A rerun output stays counted until its last forward
+reader among the stage's possible reruns has run, so the rows are exact for
+chains and an upper bound elsewhere.
 Binary variables: one per droppable tensor, so branch and bound stays small.
 Tensors whose keeping is dominated (see Stages.never_worth_keeping) are
 dropped outright; that loses no optimality.
@@ -26,7 +30,7 @@ import numpy as np
 from .milp import MemoryLimit, Milp
 from .problem import Problem
 from .schedule import Schedule
-from .stages import Stages, stage_workspace
+from .stages import Stages, stages_reading
 
 NAME = "compact"
 
@@ -72,7 +76,7 @@ class Compact:
                 milp.add_row([(P(o, k - 1), 1.0), (P(o, k), -1.0)], 0.0)
             for k in range(a, b + 1):
                 triggers[(o, k)] = []
-            milp.add_cost(P(o, b), problem.ops[o].time * 1e3)
+            memory.add_time(P(o, b), problem.ops[o].time)
         for t, var in self.drop.items():
             o = tensors[t].producer
             if o in op_win and t in first_read:
@@ -109,41 +113,84 @@ class Compact:
         for (o, k), trig in triggers.items():
             milp.add_row([(P(o, k), 1.0)] + [(v, -1.0) for v in trig], 0.0)
 
-        # Memory held per tensor and stage.
-        stage_terms: list[list[tuple[int, float]]] = [[] for _ in range(stages.count)]
+        # Q[t,k]: t is still needed at stage k or later (read there, or read by a rerun there).
+        needed: dict[int, int] = {}
         for t, (a, b) in tensor_win.items():
-            o = tensors[t].producer
-            needed = milp.add_vars(b + 1, upper=1.0)  # Q[t,0..b]
-            held = milp.add_vars(b + 1)  # M[t,0..b]
+            needed[t] = milp.add_vars(b + 2, upper=1.0)  # Q[t,0..b+1]; Q[t,b+1] = 0
+            milp.fix(needed[t] + b + 1, 0.0)
             for k in range(b + 1):
                 if k <= last_read.get(t, -1):
-                    milp.fix(needed + k, 1.0)
+                    milp.fix(needed[t] + k, 1.0)
                 for c in problem.readers[t]:
                     if c in op_win:
-                        terms = [(P(c, op_win[c][1]), 1.0), (needed + k, -1.0)]
+                        terms = [(P(c, op_win[c][1]), 1.0), (needed[t] + k, -1.0)]
                         if P(c, k - 1) is not None:
                             terms.append((P(c, k - 1), -1.0))
                         milp.add_row(terms, 0.0)
-                milp.add_row([(needed + k, 1.0), (self.drop[t], -1.0), (held + k, -1.0)], 0.0)
-                if P(o, k) is not None:
-                    milp.add_row([(P(o, k), 1.0), (needed + k, 1.0), (held + k, -1.0)], 1.0)
-                    milp.add_row(ran_here(o, k) + [(held + k, -1.0)], 0.0)
-                stage_terms[k].append((held + k, tensors[t].bytes))
 
-        reruns_at: list[list] = [[] for _ in range(stages.count)]
-        for o, (a, b) in op_win.items():
-            transient = sum(tensors[u].bytes for u in problem.ops[o].outputs if u not in tensor_win)
+        # Stage k, entering: copies made before it that are still needed (the saved copy of a
+        # kept tensor, or a copy rerun in an earlier stage). Their bytes, summed, are held[k].
+        held_terms: list[list[tuple[int, float]]] = [[] for _ in range(stages.count)]
+        for t, (a, b) in tensor_win.items():
+            o = tensors[t].producer
+            for k in range(b + 1):
+                h = milp.add_vars()
+                milp.add_row([(needed[t] + k, 1.0), (self.drop[t], -1.0), (h, -1.0)], 0.0)
+                if P(o, k - 1) is not None:
+                    milp.add_row([(P(o, k - 1), 1.0), (needed[t] + k, 1.0), (h, -1.0)], 1.0)
+                held_terms[k].append((h, tensors[t].bytes))
+
+        # Within stage k, reruns run in forward order, then backward op k. A running sum
+        # S tracks the bytes made by this stage's reruns: an output counts until its last
+        # forward reader among this stage's candidates has run, then only if it is still
+        # needed later (X). Each moment is a memory row, so workspace counts where it occurs.
+        candidates: list[list[int]] = [[] for _ in range(stages.count)]
+        for o, (a, b) in sorted(op_win.items()):
             for k in range(a, b + 1):
-                reruns_at[k].append((o, ran_here(o, k)))
-                if transient:
-                    stage_terms[k] += [(v, c * transient) for v, c in ran_here(o, k)]
+                candidates[k].append(o)
         for k in range(stages.count):
-            ws = stage_workspace(milp, problem, stages.op_floor[k], reruns_at[k])
-            memory.add(stage_terms[k] + [(ws, 1.0)], stages.backward_fixed[k])
+            held = milp.add_vars()
+            milp.add_row(held_terms[k] + [(held, -1.0)], 0.0)
+            ops_here = candidates[k]
+            position = {o: i for i, o in enumerate(ops_here)}
+            releases: list[list[tuple[int, list[tuple[int, float]]]]] = [[] for _ in ops_here]
+            for i, o in enumerate(ops_here):
+                for u in problem.ops[o].outputs:
+                    readers_here = [position[c] for c in problem.readers[u] if c in position]
+                    later = []  # terms of "made here and still needed after this stage's reruns"
+                    if u in tensor_win and k <= tensor_win[u][1]:
+                        x = milp.add_vars()
+                        later = [(x, 1.0)]
+                        if k in stages_reading(stages, u):
+                            milp.add_row(ran_here(o, k) + [(x, -1.0)], 0.0)
+                        else:
+                            milp.add_row(ran_here(o, k) + [(needed[u] + k + 1, 1.0), (x, -1.0)], 1.0)
+                    releases[max(readers_here, default=i)].append((u, later))
+            running = None
+            for i, o in enumerate(ops_here):
+                moment = [(held, 1.0)] + ([(running, 1.0)] if running is not None else [])
+                cost = problem.out_bytes(problem.ops[o]) + problem.ops[o].workspace
+                memory.add(moment + [(v, c * cost) for v, c in ran_here(o, k)], stages.backward_fixed[k])
+                nxt = milp.add_vars()
+                row = [(nxt, -1.0)] + ([(running, 1.0)] if running is not None else [])
+                row += [(v, c * problem.out_bytes(problem.ops[o])) for v, c in ran_here(o, k)]
+                for u, later in releases[i]:
+                    made = ran_here(tensors[u].producer, k)
+                    row += [(v, -c * tensors[u].bytes) for v, c in made]
+                    row += [(v, c * tensors[u].bytes) for v, c in later]
+                milp.add_row(row, 0.0)
+                running = nxt
+            end = [(held, 1.0)] + ([(running, 1.0)] if running is not None else [])
+            memory.add(end, stages.backward_fixed[k] + stages.op_floor[k])
+
         for fixed, optional in stages.forward_rows:
             saved_bytes = sum(tensors[t].bytes for t in optional)
             memory.add([(self.drop[t], -tensors[t].bytes) for t in optional], fixed + saved_bytes)
         self.memory = memory
+
+    def warm_start(self, dropped: frozenset[int]) -> dict[int, float]:
+        """Values of the binaries for a first-need schedule that drops `dropped`."""
+        return {var: float(t in dropped) for t, var in self.drop.items()}
 
     def schedule(self, values: np.ndarray) -> Schedule:
         by_stage: dict[int, list[int]] = {}

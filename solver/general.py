@@ -46,7 +46,7 @@ class General:
             first = milp.add_vars(b - a + 1, binary=True)
             self.rerun.update({(o, k): first + k - a for k in range(a, b + 1)})
             for k in range(a, b + 1):
-                milp.add_cost(first + k - a, problem.ops[o].time * 1e3)
+                memory.add_time(first + k - a, problem.ops[o].time)
 
         def present(t: int, k: int) -> list[tuple[int, float]]:
             terms = [(self.held[(t, k)], 1.0)]

@@ -1,4 +1,4 @@
-"""Schedules without a solver: rerun dropped tensors at their first need, and a greedy keep set.
+"""Schedules without a solver: rerun dropped tensors at their first need; Chen's greedy keep sets.
 
 `recompute_at_first_need` is the schedule class of the compact formulation,
 so a keep set found here is a valid starting point (warm start) for it.
@@ -7,7 +7,7 @@ so a keep set found here is a valid starting point (warm start) for it.
 from __future__ import annotations
 
 from .problem import Problem
-from .schedule import DROPPABLE_ROLES, Schedule, keep_all
+from .schedule import DROPPABLE_ROLES, Schedule
 from .simulate import Replay, simulate
 from .stages import Stages
 
@@ -38,22 +38,57 @@ def recompute_at_first_need(problem: Problem, dropped: set[int] | frozenset[int]
     return Schedule.from_backward(problem, seq)
 
 
-def greedy_keep_set(problem: Problem, budget: int) -> tuple[frozenset[int], Replay] | None:
-    """Drop tensors held at the peak, most bytes per second of rerun first, until the
-    first-need schedule fits `budget`. None if it never does."""
+def segment_cuts(problem: Problem) -> list[int]:
+    """Forward tensors that alone carry the forward pass past their op: every later op reads,
+    of earlier activations, only this one (a block output, in Chen et al.'s sense)."""
+    tensors = problem.tensors
+    last_read: dict[int, int] = {}
+    for op in problem.forward_ops:
+        for t in op.inputs:
+            last_read[t] = op.id
+    cuts, crossing = [], set()
+    for op in problem.forward_ops:
+        crossing = {t for t in crossing if last_read.get(t, -1) > op.id}
+        crossing |= {t for t in op.outputs if last_read.get(t, -1) > op.id and tensors[t].role in DROPPABLE_ROLES}
+        if len(crossing) == 1:
+            cuts.extend(crossing)
+    return cuts
+
+
+def chen_candidates(problem: Problem) -> list[frozenset[int]]:
+    """Drop sets of Chen's greedy: walk the forward pass, keep a segment cut whenever the
+    bytes since the last kept cut pass a threshold, drop every other droppable tensor;
+    one drop set per threshold on a geometric grid, plus keep-all and drop-all-but-cuts."""
     stages = Stages(problem)
     tensor_win, op_win = stages.windows
     droppable = {t for t in tensor_win if problem.tensors[t].producer in op_win}
-    dropped = set(stages.never_worth_keeping & droppable)
-    replay = simulate(problem, recompute_at_first_need(problem, dropped))
-    while replay.peak > budget:
-        candidates = [t for t in replay.peak_live & droppable if t not in dropped]
-        if not candidates:
-            return None
-        best = max(candidates, key=lambda t: problem.tensors[t].bytes / (problem.ops[problem.tensors[t].producer].time + 1e-9))
-        dropped.add(best)
+    cuts = [t for t in segment_cuts(problem) if t in tensor_win]
+    sizes = sorted({problem.tensors[t].bytes for t in droppable if problem.tensors[t].bytes})
+    if not sizes:
+        return [frozenset()]
+    total = sum(problem.tensors[t].bytes for t in droppable)
+    thresholds = [sizes[0] * 2 ** (i / 2) for i in range(64) if sizes[0] * 2 ** (i / 2) <= 2 * total]
+    out = {frozenset(stages.never_worth_keeping & droppable)}
+    for threshold in thresholds:
+        kept, since = set(), 0
+        for op in problem.forward_ops:
+            since += sum(problem.tensors[t].bytes for t in op.outputs if t in droppable)
+            for t in op.outputs:
+                if t in cuts and since > threshold:
+                    kept.add(t)
+                    since = 0
+        out.add(frozenset(droppable - kept))
+    return sorted(out, key=len)
+
+
+def best_first_need(problem: Problem, budget: int) -> tuple[frozenset[int], Replay] | None:
+    """The fastest of Chen's candidate drop sets whose first-need schedule fits `budget`."""
+    best = None
+    for dropped in chen_candidates(problem):
         replay = simulate(problem, recompute_at_first_need(problem, dropped))
-    return frozenset(dropped), replay
+        if replay.peak <= budget and (best is None or replay.time < best[1].time):
+            best = (dropped, replay)
+    return best
 
 
-__all__ = ["greedy_keep_set", "keep_all", "recompute_at_first_need"]
+__all__ = ["best_first_need", "chen_candidates", "recompute_at_first_need", "segment_cuts"]

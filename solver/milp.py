@@ -66,48 +66,55 @@ class Milp:
             self._vals.append(val)
         self._rhs.append(rhs)
 
-    def solve(self, *, time_limit: float, seed: int = 0, mip_rel_gap: float = 1e-4) -> MilpResult:
+    def solve(self, *, time_limit: float, seed: int = 0, mip_rel_gap: float = 1e-4,
+              warm: dict[int, float] | None = None, verbose: bool = False) -> MilpResult:
+        """Minimise the cost. `warm` fixes binaries to a known solution first (an LP, quick);
+        if that solution is feasible HiGHS starts from it, so the time limit returns at least it."""
         binary = np.array(self._binary, dtype=bool)
         index = np.zeros(self.size, dtype=int)
         index[binary] = np.arange(binary.sum())
         index[~binary] = np.arange((~binary).sum())
         rows, cols, vals = np.array(self._rows), np.array(self._cols, dtype=int), np.array(self._vals)
-        shape_rows = len(self._rhs)
-        parts, variables = [], []
-        for mask, kind in ((binary, {"boolean": True}), (~binary, {})):
-            n = int(mask.sum())
-            if n == 0:
-                continue
-            var = cp.Variable(n, **kind)
-            keep = mask[cols] if len(cols) else np.zeros(0, dtype=bool)
-            matrix = sp.csr_matrix((vals[keep], (rows[keep], index[cols[keep]])), shape=(shape_rows, n))
-            parts.append(matrix @ var)
-            variables.append((mask, var))
-        constraints = []
-        if shape_rows:
-            constraints.append(sum(parts) <= np.array(self._rhs))
+        lower, upper = np.array(self._lower), np.array(self._upper)
         cost = np.zeros(self.size)
         for var_index, coef in self._cost.items():
             cost[var_index] = coef
-        objective = 0
-        lower, upper = np.array(self._lower), np.array(self._upper)
+        n_bin, n_cont = int(binary.sum()), int((~binary).sum())
+        bins = cp.Variable(n_bin, boolean=True) if n_bin else None
+        conts = cp.Variable(n_cont, bounds=[lower[~binary], upper[~binary]]) if n_cont else None
+        variables = [(mask, var) for mask, var in ((binary, bins), (~binary, conts)) if var is not None]
+        lhs = 0
         for mask, var in variables:
-            objective = objective + cost[mask] @ var
-            lo, hi = lower[mask], upper[mask]
-            if var.attributes["boolean"]:
-                lo_set, hi_set = lo > 0, hi < 1
-            else:
-                lo_set, hi_set = np.isfinite(lo), np.isfinite(hi)
-            if lo_set.any():
-                constraints.append(var[lo_set] >= lo[lo_set])
-            if hi_set.any():
-                constraints.append(var[hi_set] <= hi[hi_set])
+            keep = mask[cols] if len(cols) else np.zeros(0, dtype=bool)
+            matrix = sp.csr_matrix((vals[keep], (rows[keep], index[cols[keep]])), shape=(len(self._rhs), var.size))
+            lhs = lhs + matrix @ var
+        constraints = [lhs <= np.array(self._rhs)] if self._rhs else []
+        lo_bin = cp.Parameter(n_bin) if n_bin else None
+        hi_bin = cp.Parameter(n_bin) if n_bin else None
+        if n_bin:
+            constraints += [bins >= lo_bin, bins <= hi_bin]
+        objective = sum(cost[mask] @ var for mask, var in variables)
         problem = cp.Problem(cp.Minimize(objective), constraints)
         start = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # cvxpy warns on inaccurate solutions; the status says so
-            problem.solve(solver=cp.HIGHS, time_limit=float(time_limit), random_seed=int(seed),
-                          mip_rel_gap=mip_rel_gap, verbose=bool(__import__('os').environ.get('MONET_HIGHS_VERBOSE')))
+
+        def run(lo: np.ndarray, hi: np.ndarray, warm_start: bool) -> None:
+            if n_bin:
+                lo_bin.value, hi_bin.value = lo, hi
+            left = max(1.0, time_limit - (time.perf_counter() - start))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # cvxpy warns on inaccurate solutions; the status says so
+                problem.solve(solver=cp.HIGHS, warm_start=warm_start, time_limit=float(left),
+                              random_seed=int(seed), mip_rel_gap=mip_rel_gap, verbose=verbose)
+
+        lo, hi = lower[binary], upper[binary]
+        seeded = False
+        if warm and n_bin:
+            fixed = lower.copy()
+            for var_index, value in warm.items():
+                fixed[var_index] = value
+            run(fixed[binary], fixed[binary], False)
+            seeded = problem.status.startswith("optimal")
+        run(lo, hi, seeded)
         seconds = time.perf_counter() - start
         if problem.status in ("infeasible", "infeasible_inaccurate"):
             return MilpResult("infeasible", None, np.inf, np.inf, np.inf, seconds)
@@ -149,6 +156,10 @@ class MemoryLimit:
         else:
             self.milp.add_row(scaled + [(self.peak, -1.0)], -fixed_bytes / MIB)
 
-    def least_budget(self, objective_mib: float) -> int:
-        """The smallest budget that admits a peak of `objective_mib` under this row scaling."""
-        return int(np.ceil(objective_mib * MIB / (1 - SLACK)))
+    def add_time(self, var: int, seconds: float) -> None:
+        """Objective term: time spent when `var` is 1. Only a tie-breaker when minimising the peak."""
+        self.milp.add_cost(var, seconds * (1e3 if self.peak is None else 1e-9))
+
+    def least_budget(self, peak_mib: float) -> int:
+        """The smallest budget that admits a peak of `peak_mib` under this row scaling."""
+        return int(np.ceil(peak_mib * MIB / (1 - SLACK)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from .compact import Compact
+from .heuristics import best_first_need
 from .general import General
 from .problem import Problem
 from .result import InfeasibleBudgetError, LeastPeak, Solution, SolverFailedError
@@ -21,11 +22,13 @@ def _formulation(name: str):
 
 
 def solve(problem: Problem, budget: int, *, formulation: str = "compact", time_limit: float = 60.0,
-          seed: int = 0) -> Solution:
+          seed: int = 0, verbose: bool = False) -> Solution:
     """The least-recompute-time schedule whose replayed peak stays within `budget` bytes.
 
+    The solver starts from the best of Chen's greedy schedules that fits, when one does.
     Raises InfeasibleBudgetError (stating the least peak) when no schedule of the
     formulation fits, and SolverFailedError when time runs out before any schedule is found.
+    `verbose` shows HiGHS's log.
     """
     start = time.perf_counter()
     build = _formulation(formulation)
@@ -35,7 +38,9 @@ def solve(problem: Problem, budget: int, *, formulation: str = "compact", time_l
         return Solution(baseline, replay, budget, formulation, "optimal", 0.0, 0.0, 0.0,
                         time.perf_counter() - start)
     model = build(problem, budget)
-    result = model.milp.solve(time_limit=time_limit, seed=seed)
+    start_from = best_first_need(problem, budget)
+    warm = model.warm_start(start_from[0]) if start_from and hasattr(model, "warm_start") else None
+    result = model.milp.solve(time_limit=time_limit, seed=seed, warm=warm, verbose=verbose)
     if result.status == "infeasible":
         least = least_peak(problem, formulation=formulation, time_limit=time_limit, seed=seed)
         raise InfeasibleBudgetError(budget, least, formulation)
@@ -59,5 +64,5 @@ def least_peak(problem: Problem, *, formulation: str = "compact", time_limit: fl
     result = model.milp.solve(time_limit=time_limit, seed=seed)
     if result.values is None:
         raise SolverFailedError(f"HiGHS found no schedule at any budget within {time_limit:g} s ({result.status})")
-    found = model.memory.least_budget(result.objective)
+    found = model.memory.least_budget(result.values[model.memory.peak])
     return LeastPeak(found, found if result.status == "optimal" else model.memory.least_budget(result.bound))

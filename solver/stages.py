@@ -43,6 +43,15 @@ class Stages:
         return first, last
 
     @cached_property
+    def readers_by_tensor(self) -> dict[int, set[int]]:
+        """For each tensor, the stages whose backward op reads it."""
+        out: dict[int, set[int]] = {}
+        for k, op in enumerate(self.problem.backward_ops):
+            for t in op.inputs:
+                out.setdefault(t, set()).add(k)
+        return out
+
+    @cached_property
     def windows(self) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
         """Stages where each droppable forward tensor, and each recomputable op, can be needed."""
         p = self.problem
@@ -149,3 +158,8 @@ def stage_workspace(milp, problem: Problem, floor: int, reruns: list[tuple[int, 
         if need > floor:
             milp.add_row([(var, coef * need / 1e6) for var, coef in rerun] + [(ws, -1.0 / 1e6)], 0.0)
     return ws
+
+
+def stages_reading(stages: Stages, t: int) -> set[int]:
+    """Stages whose backward op reads `t` directly."""
+    return stages.readers_by_tensor.get(t, set())

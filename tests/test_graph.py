@@ -1,0 +1,71 @@
+"""Tracing and analysing the joint graph, and costing its ops."""
+
+import torch
+from conftest import small_model
+from torch import nn
+
+from monet.graph import InputSpec, TracedStep, analyze, costed_problem
+
+
+def analysed(model, shape, requires_grad=False):
+    spec = InputSpec(shape, requires_grad=requires_grad)
+    with TracedStep(model, spec) as step:
+        analysis = analyze(step.graph_module)
+    return step, analysis
+
+
+class ViewNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        y = self.fc(x).view(4, 2, 8).transpose(0, 1).reshape(8, 8)  # views, and one copy
+        return self.drop(torch.relu(y))
+
+
+def test_roles_aliases_and_phases():
+    _, analysis = analysed(ViewNet(), (8, 8), requires_grad=True)
+    p = analysis.problem
+    roles = {t.role for t in p.tensors}
+    assert {"param", "input", "tangent", "activation", "output", "grad"} <= roles
+    assert not any(op.target.startswith(("aten.view", "aten.t.", "aten.transpose")) for op in p.ops)  # views cost nothing
+    assert all(p.ops[i].phase == "forward" for i in range(len(p.forward_ops)))
+    dropout = next(op for op in p.ops if "dropout" in op.target and op.phase == "forward")
+    assert not dropout.recomputable  # random: never rerun
+    for name, refs in analysis.node_tensors.items():
+        assert all(0 <= t < len(p.tensors) for t in refs), name
+
+
+def test_batch_norm_reruns_but_buffer_updates_do_not():
+    model, shape = small_model("cnn")
+    _, analysis = analysed(model, shape)
+    ops = analysis.problem.forward_ops
+    assert all(op.recomputable for op in ops if "batch_norm" in op.target)
+    assert not any(op.recomputable for op in ops if op.target == "aten.add.Tensor" and op.outputs
+                   and analysis.problem.tensors[op.outputs[0]].role == "state")
+
+
+def test_fingerprint_is_stable_and_shape_sensitive():
+    model, shape = small_model("mlp")
+    first = analysed(model, shape)[1].fingerprint
+    assert analysed(model, shape)[1].fingerprint == first
+    assert analysed(model, (shape[0] // 2, *shape[1:]))[1].fingerprint != first
+    assert analysed(model, shape, requires_grad=True)[1].fingerprint != first
+
+
+def test_measured_and_analytic_costs():
+    model, shape = small_model("cnn")
+    step, analysis = analysed(model, shape)
+    measured = costed_problem(step, analysis, "measured", repeats=1)
+    analytic = costed_problem(step, analysis, "analytic")
+    assert all(op.time > 0 for op in measured.ops)
+    assert all(op.workspace >= 0 for op in measured.ops)
+    assert costed_problem(step, analysis, "analytic").ops == analytic.ops  # deterministic
+    conv = [op for op in analytic.ops if op.target == "aten.convolution.default"]
+    relu = [op for op in analytic.ops if op.target == "aten.relu.default"]
+    assert max(op.time for op in conv) > 2 * max(op.time for op in relu)  # FLOPs count, not just bytes
+    assert measured.meta["cost_model"] == "measured"
+    assert tuple(measured.meta["input"]["shape"]) == shape
+    assert measured.tensors == analytic.tensors  # sizes come from the graph, not from the cost model

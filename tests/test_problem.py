@@ -1,0 +1,59 @@
+"""The framework-free problem: validation, JSON, and no torch anywhere in the solver."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from synthetic import chain, random_dag
+
+from monet.solver import Op, Problem, ProblemError, Tensor
+
+
+def test_json_round_trip_keeps_everything():
+    problem = random_dag(3)
+    again = Problem.from_json(problem.to_json())
+    assert again.tensors == problem.tensors
+    assert again.ops == problem.ops
+    assert again.meta == problem.meta
+
+
+def test_unknown_version_is_refused():
+    data = chain(3).to_dict()
+    data["version"] = 99
+    with pytest.raises(ProblemError, match="version 99"):
+        Problem.from_dict(data)
+
+
+def test_malformed_problems_are_refused():
+    x = Tensor(0, "x", 10, "input")
+    a = Tensor(1, "a", 10, "activation", producer=0)
+    with pytest.raises(ProblemError, match="before it exists"):
+        Problem([x, a, Tensor(2, "b", 10, "activation", producer=1)],
+                [Op(0, "f", "t", "forward", (2,), (1,), 1.0), Op(1, "g", "t", "forward", (0,), (2,), 1.0)])
+    with pytest.raises(ProblemError, match="unknown role"):
+        Problem([Tensor(0, "x", 10, "weird")], [])
+    with pytest.raises(ProblemError, match="comes after a backward op"):
+        Problem([x, a, Tensor(2, "g", 10, "temp", producer=0)],
+                [Op(0, "b", "t", "backward", (0,), (2,), 1.0), Op(1, "f", "t", "forward", (0,), (1,), 1.0)])
+    with pytest.raises(ProblemError, match="malformed"):
+        Problem.from_dict({"version": 1, "tensors": [{"id": 0}], "ops": []})
+
+
+def test_solver_and_schedule_format_import_without_torch():
+    code = ("import sys, monet.solver, monet.schedules; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_problem_written_elsewhere_solves(tmp_path):
+    path = tmp_path / "problem.json"
+    path.write_text(chain(6).to_json())
+    code = ("import sys, json; from monet.solver import Problem, solve, simulate, keep_all; "
+            f"p = Problem.from_json(open({str(path)!r}).read()); "
+            "budget = int(0.7 * simulate(p, keep_all(p)).peak); s = solve(p, budget); "
+            "print(json.dumps({'peak': s.peak, 'budget': budget, 'torch': 'torch' in sys.modules}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    result = json.loads(out)
+    assert result["torch"] is False
+    assert 0 < result["peak"] <= result["budget"]

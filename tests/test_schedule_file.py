@@ -1,0 +1,63 @@
+"""The schedule file: versioned JSON, validated on load, written atomically."""
+
+import json
+import os
+
+import pytest
+
+from monet.schedules import ScheduleFile, ScheduleFileError, load_schedule
+
+
+def sample() -> ScheduleFile:
+    return ScheduleFile(
+        model="Net", input={"shape": [2, 3], "dtype": "float32", "requires_grad": False}, device="cpu",
+        budget=1000, predicted={"peak": 900, "time": 0.5, "unconstrained_peak": 1500, "unconstrained_time": 0.4},
+        solver={"formulation": "compact", "status": "optimal", "mip_gap": 0.0}, cost_model="analytic",
+        graph={"fingerprint": "abc", "ops": [["f", "aten.f", "forward"], ["b", "aten.b", "backward"]]},
+        schedule={"saved": {"f": 100}, "backward": ["b"]},
+    )
+
+
+def test_round_trip(tmp_path):
+    path = sample().save(tmp_path / "deep" / "s.json")
+    assert load_schedule(path) == sample()
+    assert [p.name for p in path.parent.iterdir()] == ["s.json"]  # no temporary left behind
+
+
+def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    path = sample().save(tmp_path / "s.json")
+    before = path.read_bytes()
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(OSError, match="disk full"):
+        sample().save(path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(version=7), "format version 7"),
+    (lambda d: d.pop("format"), "not a monet schedule"),
+    (lambda d: d["input"].update(shape=[0, 3]), "corrupt at input/shape/0"),
+    (lambda d: d.update(device="tpu"), "corrupt at device"),
+    (lambda d: d["schedule"].pop("backward"), "corrupt at schedule"),
+])
+def test_bad_files_say_what_is_wrong(tmp_path, mutate, message):
+    data = sample().to_dict()
+    mutate(data)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ScheduleFileError, match=message):
+        load_schedule(path)
+
+
+def test_truncated_json_and_missing_files(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(sample().to_dict())[:-20])
+    with pytest.raises(ScheduleFileError, match="not valid JSON"):
+        load_schedule(path)
+    with pytest.raises(ScheduleFileError, match="not found"):
+        load_schedule(tmp_path / "missing.json")

@@ -1,0 +1,92 @@
+"""Both formulations: valid schedules within budget, optimality relations, errors."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from synthetic import chain, random_dag
+
+from monet.solver import (
+    InfeasibleBudgetError,
+    keep_all,
+    least_peak,
+    simulate,
+    solve,
+    validate,
+)
+from monet.solver.heuristics import best_first_need, recompute_at_first_need
+
+
+def unconstrained(problem):
+    return simulate(problem, keep_all(problem)).peak
+
+
+@pytest.mark.parametrize("formulation", ["compact", "general"])
+def test_chain_schedules_fit_and_recompute_only_what_they_must(formulation):
+    p = chain(16)
+    full = unconstrained(p)
+    assert solve(p, full, formulation=formulation).schedule == keep_all(p)
+    previous = 0.0
+    for fraction in (0.8, 0.6, 0.5):
+        budget = int(full * fraction)
+        solution = solve(p, budget, formulation=formulation)
+        validate(p, solution.schedule)
+        assert solution.peak <= budget
+        assert solution.status == "optimal" and solution.gap <= 1e-3
+        assert solution.objective >= previous - 1e-9  # less memory never costs less time
+        assert solution.objective == pytest.approx(solution.replay.recompute_time, rel=1e-6)
+        previous = solution.objective
+
+
+def test_general_reaches_budgets_that_compact_cannot():
+    p = chain(16)
+    compact, general = least_peak(p, formulation="compact"), least_peak(p, formulation="general")
+    assert general.found < compact.found
+    budget = (general.found + compact.found) // 2
+    with pytest.raises(InfeasibleBudgetError):
+        solve(p, budget, formulation="compact")
+    assert solve(p, budget, formulation="general").peak <= budget
+
+
+def test_infeasible_budget_names_the_least_peak():
+    p = chain(6)
+    least = least_peak(p).found
+    with pytest.raises(InfeasibleBudgetError, match=f"least feasible peak .*{least} bytes") as info:
+        solve(p, least - 2)
+    assert info.value.least_peak == least
+    assert solve(p, least).peak <= least
+
+
+def test_same_input_same_schedule():
+    p = random_dag(5, 12)
+    budget = (unconstrained(p) + least_peak(p).found) // 2
+    first, second = solve(p, budget), solve(p, budget)
+    assert first.schedule == second.schedule and first.objective == second.objective
+
+
+def test_first_need_heuristic_matches_its_own_replay():
+    p = chain(16)
+    found = best_first_need(p, int(unconstrained(p) * 0.7))
+    assert found is not None
+    dropped, replay = found
+    assert dropped
+    assert simulate(p, recompute_at_first_need(p, dropped)).peak == replay.peak <= int(unconstrained(p) * 0.7)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), size=st.integers(3, 9), fraction=st.sampled_from([0.9, 0.7, 0.5, 0.35]))
+def test_random_graphs_schedules_are_valid_and_general_is_never_worse(seed, size, fraction):
+    p = random_dag(seed, size)
+    budget = int(unconstrained(p) * fraction)
+    results = {}
+    for formulation in ("compact", "general"):
+        try:
+            solution = solve(p, budget, formulation=formulation, time_limit=20)
+        except InfeasibleBudgetError:
+            results[formulation] = None
+            continue
+        validate(p, solution.schedule)  # every op's inputs exist when it runs
+        assert solution.peak <= budget
+        results[formulation] = solution.objective
+    if results["compact"] is not None:
+        assert results["general"] is not None
+        assert results["general"] <= results["compact"] + 1e-6

@@ -1,0 +1,171 @@
+"""MONeTWrapper trains exactly like the model, within the schedule's memory."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import small_model
+
+import monet
+import monet.models
+from monet import InfeasibleBudgetError, MONeTWrapper, PeakMemory, ScheduleMismatchError, resident_bytes
+
+# Solved once per (model, budget) for the module: the analytic cost model is deterministic.
+_SCHEDULES = {}
+
+
+def schedule_for(name, budget, cost_model="analytic"):
+    key = (name, budget, cost_model)
+    if key not in _SCHEDULES:
+        model, shape = small_model(name)
+        _SCHEDULES[key] = monet.solve(model, shape, budget, input_requires_grad=True, cost_model=cost_model)
+    return _SCHEDULES[key]
+
+
+def recomputed(schedule):
+    forward = {name for name, _, phase in schedule.graph["ops"] if phase == "forward"}
+    return [name for name in schedule.schedule["backward"] if name in forward]
+
+
+def rel_err(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("budget", ["100%", "50%"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer"])
+def test_gradients_equal_pytorch(name, budget):
+    model, shape = small_model(name)
+    reference = copy.deepcopy(model)
+    schedule = schedule_for(name, budget)
+    assert bool(recomputed(schedule)) == (budget == "50%")
+    wrapped = MONeTWrapper(model, schedule, shape)
+    torch.manual_seed(1)
+    x = torch.randn(shape)
+
+    outputs, inputs, weights = [], [], None
+    for module in (wrapped, reference):
+        torch.manual_seed(2)  # the same dropout masks
+        xi = x.clone().requires_grad_(True)
+        out = module(xi)
+        if weights is None:
+            weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+        (out * weights).sum().backward()
+        outputs.append(out.detach())
+        inputs.append(xi.grad)
+    assert rel_err(outputs[0], outputs[1]) < 1e-6
+    assert rel_err(inputs[0], inputs[1]) < 1e-5
+    for (pname, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert rel_err(p.grad, q.grad) < 1e-5, pname
+    for (bname, b), c in zip(model.named_buffers(), reference.buffers()):
+        assert torch.equal(b, c), bname  # running stats updated once, as PyTorch does
+
+
+def test_training_steps_track_pytorch():
+    model, shape = small_model("cnn")
+    reference = copy.deepcopy(model)
+    wrapped = MONeTWrapper(model, schedule_for("cnn", "50%"), shape)
+    x, target = torch.randn(shape), torch.randint(0, 10, (shape[0],))
+    for module, params in ((wrapped, model), (reference, reference)):
+        optimizer = torch.optim.SGD(params.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(3):
+            optimizer.zero_grad()
+            F.cross_entropy(module(x), target).backward()
+            optimizer.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert rel_err(p.detach(), q.detach()) < 1e-5
+
+
+def test_measured_peak_within_budget_and_prediction():
+    model, shape = small_model("cnn")
+    schedule = schedule_for("cnn", "50%", cost_model="measured")
+    wrapped = MONeTWrapper(model, schedule, shape)
+    x = torch.randn(shape)
+    predicted = schedule.predicted["peak"]
+    for _ in range(2):  # the first step and a steady one
+        model.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_(True)
+        with PeakMemory("cpu", resident_bytes(model, xi)) as meter:
+            wrapped(xi).sum().backward()
+        assert meter.peak <= schedule.budget
+        assert abs(meter.peak - predicted) <= 0.03 * meter.peak, (meter.peak, predicted)
+        del xi
+    assert predicted <= 0.5 * schedule.predicted["unconstrained_peak"]
+
+
+def test_eval_mode_and_no_grad_run_the_plain_model():
+    model, shape = small_model("cnn")
+    reference = copy.deepcopy(model)
+    wrapped = MONeTWrapper(model, schedule_for("cnn", "50%"), shape)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), reference(x))  # train mode, no grad: plain forward, stats updated
+    wrapped.eval(), reference.eval()
+    assert torch.equal(wrapped(x[:3]), reference(x[:3]))  # any batch size in eval mode
+    assert all(torch.equal(b, c) for b, c in zip(model.buffers(), reference.buffers()))
+
+
+def test_wrong_inputs_are_refused():
+    model, shape = small_model("cnn")
+    wrapped = MONeTWrapper(model, schedule_for("cnn", "50%"), shape)
+    with pytest.raises(ValueError, match=r"input shape \(8, 3, 32, 32\) is not the shape \(16, 3, 32, 32\)"):
+        wrapped(torch.randn(8, 3, 32, 32))
+    with pytest.raises(ValueError, match="dtype"):
+        wrapped(torch.randn(shape, dtype=torch.float64))
+    no_grad_schedule = monet.solve(model, shape, "100%", cost_model="analytic")
+    with pytest.raises(ValueError, match="input_requires_grad"):
+        MONeTWrapper(model, no_grad_schedule, shape)(torch.randn(shape, requires_grad=True))
+
+
+def test_schedule_for_another_model_or_shape_is_refused(tmp_path):
+    cnn, shape = small_model("cnn")
+    _, mlp_shape = small_model("mlp")
+    with pytest.raises(ScheduleMismatchError, match=r"made for MLP .* ResidualCNN does not trace"):
+        MONeTWrapper(cnn, schedule_for("mlp", "100%"), mlp_shape)
+    shallower = monet.models.MLP(hidden=64, depth=12)
+    with pytest.raises(ScheduleMismatchError, match=r"different graph: MLP with \d+ ops.*MLP at input .* traces to"):
+        MONeTWrapper(shallower, schedule_for("mlp", "100%"), mlp_shape)
+    path = schedule_for("cnn", "50%").save(tmp_path / "cnn.json")
+    with pytest.raises(ScheduleMismatchError, match=r"input shape \(16, 3, 32, 32\), not \(8, 3, 32, 32\)"):
+        MONeTWrapper(cnn, path, (8, 3, 32, 32))
+    wider, _ = small_model("cnn")
+    wider.head = torch.nn.Linear(64, 20)
+    with pytest.raises(ScheduleMismatchError, match="first difference"):
+        MONeTWrapper(wider, path, shape)
+
+
+def test_schedule_from_a_file_trains_like_the_solved_one(tmp_path):
+    model, shape = small_model("mlp")
+    path = schedule_for("mlp", "50%").save(tmp_path / "mlp.json")
+    reference = copy.deepcopy(model)
+    x = torch.randn(shape)
+    for module in (MONeTWrapper(model, str(path), shape), reference):
+        torch.manual_seed(3)
+        module(x).sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert rel_err(p.grad, q.grad) < 1e-5
+
+
+def test_an_infeasible_budget_states_the_least_peak():
+    model, shape = small_model("cnn")
+    with pytest.raises(InfeasibleBudgetError, match=r"least .*peak.* \(\d+ bytes\).* raise the budget") as info:
+        monet.solve(model, shape, "5%", cost_model="analytic", time_limit=10)
+    assert info.value.least_peak > info.value.budget
+
+
+@pytest.mark.cuda
+def test_cuda_gradients_and_memory(cuda_device):
+    model, shape = small_model("cnn")
+    model = model.to(cuda_device)
+    reference = copy.deepcopy(model)
+    schedule = monet.solve(model, shape, "50%", input_requires_grad=True)
+    wrapped = MONeTWrapper(model, schedule, shape)
+    x = torch.randn(shape, device=cuda_device)
+    xi = x.clone().requires_grad_(True)
+    with PeakMemory(cuda_device) as meter:
+        wrapped(xi).sum().backward()
+    xr = x.clone().requires_grad_(True)
+    reference(xr).sum().backward()
+    assert rel_err(xi.grad, xr.grad) < 1e-4  # cuDNN may pick different algorithms
+    assert meter.peak <= schedule.budget
+    assert abs(meter.peak - schedule.predicted["peak"]) <= 0.03 * meter.peak
