@@ -22,7 +22,7 @@ from monet.solver import FORMULATIONS, InfeasibleBudgetError, SolverFailedError,
 from .api import solve
 from .models import BUNDLED, load_model
 from .runtime import ScheduleMismatchError
-from .training import measure_training
+from .training import compare_training
 from .wrapper import MONeTWrapper
 
 console = Console()
@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
                       "peak. Default: 50%%")
     demo.add_argument("--input-shape", type=_shape, default=BUNDLED["cnn"].input_shape,
                       help="batch shape. Default: %(default)s")
-    demo.add_argument("--steps", type=int, default=5, help="timed training steps per run. Default: 5")
+    demo.add_argument("--steps", type=int, default=10, help="timed training steps per run. Default: 10")
     _solve_options(demo)
 
     solve_p = sub.add_parser("solve", help="solve a schedule for a model, input shape and budget")
@@ -166,16 +166,16 @@ def _demo(args) -> int:
     def loss(out):
         return F.cross_entropy(out, target)
 
-    rows = [("PyTorch", None, measure_training(copy.deepcopy(model), model, x, loss, args.steps), None)]
+    runs = {"PyTorch": (copy.deepcopy(model), None)}
     for budget in ("100%", args.budget):
         run_model = copy.deepcopy(model)
         with _progress() as progress:
             schedule = solve(run_model, shape, budget, cost_model=args.cost_model, formulation=args.formulation,
                              time_limit=args.time_limit, progress=progress, solver_log=args.solver_log)
-        wrapped = MONeTWrapper(run_model, schedule, shape)
-        rows.append((f"monet {budget}", schedule, measure_training(wrapped, run_model, x, loss, args.steps),
-                     schedule.solver["solve_time_s"]))
-
+        runs[f"monet {budget}"] = (MONeTWrapper(run_model, schedule, shape), schedule)
+    stats = compare_training({name: module for name, (module, _) in runs.items()}, x, loss, args.steps)
+    rows = [(name, schedule, stats[name], schedule.solver["solve_time_s"] if schedule else None)
+            for name, (_, schedule) in runs.items()]
     base = rows[0][2].step_time
     table = Table(title="peak memory and time of one training step (forward, backward, SGD)", box=box.SIMPLE_HEAD)
     for col in ("run", "budget", "predicted", "measured", "step", "overhead", "solve"):

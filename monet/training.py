@@ -1,12 +1,11 @@
-"""Measured training steps: the same loop for plain PyTorch and for MONeT, side by side."""
+"""Measured training steps: plain PyTorch and MONeT side by side, in one process."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
-
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,34 +19,42 @@ class StepStats:
     step_time: float  # seconds, median of full steps (forward, backward, optimizer)
 
 
-def measure_training(module: nn.Module, params: nn.Module, x: torch.Tensor,
-                     loss_fn: Callable[[torch.Tensor], torch.Tensor], steps: int = 5, warmup: int = 1) -> StepStats:
-    """Train `module` with SGD on one batch: peak memory of a step and median step time.
-
-    `params` is the module whose parameters train (the model itself, also when wrapped);
-    `loss_fn` maps the output to a scalar loss.
+def compare_training(runs: dict[str, nn.Module], x: torch.Tensor,
+                     loss_fn: Callable[[torch.Tensor], torch.Tensor], steps: int = 5,
+                     warmup: int = 1) -> dict[str, StepStats]:
+    """Train each run with SGD on the batch `x`: the peak memory of one step, and the median
+    time of `steps` steps taken in rounds (one step of every run per round), so that every
+    run sees the same machine load. A MONeTWrapper's parameters are its model's.
     """
-    optimizer = torch.optim.SGD(params.parameters(), lr=0.01)  # stateless: no optimizer memory
+    optimizers = {name: torch.optim.SGD(module.parameters(), lr=0.01) for name, module in runs.items()}
 
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
+    def step(name: str) -> None:
+        module = runs[name]
+        optimizers[name].zero_grad(set_to_none=True)
         loss_fn(module(x)).backward()
-        optimizer.step()
+        optimizers[name].step()
 
-    module.train()
-    for _ in range(warmup):
-        step()
-    optimizer.zero_grad(set_to_none=True)
-    with PeakMemory(x.device, resident_bytes(params, x)) as meter:
-        loss_fn(module(x)).backward()
-    optimizer.step()
-    times = []
+    peaks = {}
+    for name, module in runs.items():
+        module.train()
+        for _ in range(warmup):
+            step(name)
+        optimizers[name].zero_grad(set_to_none=True)
+        with PeakMemory(x.device, resident_bytes(module, x)) as meter:
+            loss_fn(module(x)).backward()
+        optimizers[name].step()
+        peaks[name] = meter.peak
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(steps):
-        if x.device.type == "cuda":
-            torch.cuda.synchronize(x.device)
-        start = time.perf_counter()
-        step()
-        if x.device.type == "cuda":
-            torch.cuda.synchronize(x.device)
-        times.append(time.perf_counter() - start)
-    return StepStats(meter.peak, statistics.median(times))
+        for name in runs:
+            _sync(x.device)
+            start = time.perf_counter()
+            step(name)
+            _sync(x.device)
+            times[name].append(time.perf_counter() - start)
+    return {name: StepStats(peaks[name], statistics.median(times[name])) for name in runs}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
