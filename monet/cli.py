@@ -177,7 +177,8 @@ def _demo(args) -> int:
     rows = [(name, schedule, stats[name], schedule.solver["solve_time_s"] if schedule else None)
             for name, (_, schedule) in runs.items()]
     base = rows[0][2].step_time
-    table = Table(title="peak memory and time of one training step (forward, backward, SGD)", box=box.SIMPLE_HEAD)
+    table = Table(title="peak memory and time of one training step (forward, backward, SGD)", box=box.SIMPLE_HEAD,
+                  pad_edge=False, padding=(0, 1))
     for col in ("run", "budget", "predicted", "measured", "step", "overhead", "solve"):
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
     for name, schedule, stats, solve_time in rows:
@@ -188,7 +189,7 @@ def _demo(args) -> int:
             format_bytes(stats.peak),
             f"{stats.step_time * 1e3:.0f} ms",
             f"{stats.step_time / base - 1:+.1%}",
-            f"{solve_time:.2f} s" if solve_time is not None else "-",
+            f"{solve_time:.1f} s" if solve_time is not None else "-",
         )
     console.print(table)
     return 0

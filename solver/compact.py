@@ -27,23 +27,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .milp import MemoryLimit, Milp
+from .formulation import Formulation
 from .problem import Problem
-from .schedule import Schedule
-from .stages import Stages, stages_reading
-
-NAME = "compact"
+from .stages import stages_reading
 
 
-class Compact:
+class Compact(Formulation):
     def __init__(self, problem: Problem, budget: int | None):
-        self.problem = problem
-        stages = Stages(problem)
+        super().__init__(problem, budget)
+        stages, milp, memory = self.stages, self.milp, self.memory
         tensors = problem.tensors
         tensor_win, op_win = stages.windows
         first_read, last_read = stages.reads
-        milp = self.milp = Milp()
-        memory = MemoryLimit(milp, budget)
 
         self.drop = {t: milp.add_vars(binary=True) for t in sorted(tensor_win)}
         for t, var in self.drop.items():
@@ -186,20 +181,15 @@ class Compact:
         for fixed, optional in stages.forward_rows:
             saved_bytes = sum(tensors[t].bytes for t in optional)
             memory.add([(self.drop[t], -tensors[t].bytes) for t in optional], fixed + saved_bytes)
-        self.memory = memory
 
     def warm_start(self, dropped: frozenset[int]) -> dict[int, float]:
         """Values of the binaries for a first-need schedule that drops `dropped`."""
         return {var: float(t in dropped) for t, var in self.drop.items()}
 
-    def schedule(self, values: np.ndarray) -> Schedule:
+    def reruns(self, values: np.ndarray) -> dict[int, list[int]]:
         by_stage: dict[int, list[int]] = {}
         for o, (a, b) in self.window.items():
             on = values[self.p_first[o]:self.p_first[o] + b - a + 1] > 0.5
             if on.any():
                 by_stage.setdefault(a + int(np.argmax(on)), []).append(o)
-        seq: list[int] = []
-        for k, op in enumerate(self.problem.backward_ops):
-            seq.extend(sorted(by_stage.get(k, [])))
-            seq.append(op.id)
-        return Schedule.from_backward(self.problem, seq)
+        return by_stage

@@ -20,22 +20,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from .milp import MemoryLimit, Milp
+from .formulation import Formulation
 from .problem import Problem
-from .schedule import Schedule
-from .stages import Stages, stage_workspace
-
-NAME = "general"
+from .stages import stage_workspace
 
 
-class General:
+class General(Formulation):
     def __init__(self, problem: Problem, budget: int | None):
-        self.problem = problem
-        stages = Stages(problem)
+        super().__init__(problem, budget)
+        stages, milp, memory = self.stages, self.milp, self.memory
         tensors = problem.tensors
         tensor_win, op_win = stages.windows
-        milp = self.milp = Milp()
-        memory = self.memory = MemoryLimit(milp, budget)
         self.saved = {t: milp.add_vars(binary=True) for t in sorted(tensor_win)}
         self.held = {}
         for t, (a, b) in sorted(tensor_win.items()):
@@ -86,13 +81,9 @@ class General:
             memory.add(terms[k] + [(stage_workspace(milp, problem, stages.op_floor[k], reruns_at[k]), 1.0)],
                        stages.backward_fixed[k])
 
-    def schedule(self, values: np.ndarray) -> Schedule:
+    def reruns(self, values: np.ndarray) -> dict[int, list[int]]:
         by_stage: dict[int, list[int]] = {}
         for (o, k), var in self.rerun.items():
             if values[var] > 0.5:
                 by_stage.setdefault(k, []).append(o)
-        seq: list[int] = []
-        for k, op in enumerate(self.problem.backward_ops):
-            seq.extend(sorted(by_stage.get(k, [])))
-            seq.append(op.id)
-        return Schedule.from_backward(self.problem, seq)
+        return by_stage

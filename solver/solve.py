@@ -39,7 +39,7 @@ def solve(problem: Problem, budget: int, *, formulation: str = "compact", time_l
                         time.perf_counter() - start)
     model = build(problem, budget)
     start_from = best_first_need(problem, budget)
-    warm = model.warm_start(start_from[0]) if start_from and hasattr(model, "warm_start") else None
+    warm = model.warm_start(start_from[0]) if start_from else None
     result = model.milp.solve(time_limit=time_limit, seed=seed, warm=warm, verbose=verbose)
     if result.status == "infeasible":
         least = least_peak(problem, formulation=formulation, time_limit=time_limit, seed=seed)
