@@ -6,7 +6,6 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
-
 from monet.solver import Problem
 
 from .analyze import GraphAnalysis, UnsupportedGraphError, allocation_bytes, analyze, fingerprint

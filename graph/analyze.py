@@ -14,10 +14,9 @@ import operator
 from dataclasses import dataclass
 
 import torch
+from monet.solver import Op, Problem, Tensor
 from torch._functorch._aot_autograd import descriptors as d
 from torch.multiprocessing.reductions import StorageWeakRef
-
-from monet.solver import Op, Problem, Tensor
 
 _INPUT_ROLES = {d.ParamAOTInput: "param", d.BufferAOTInput: "buffer", d.PlainAOTInput: "input",
                 d.TangentAOTInput: "tangent"}
@@ -132,8 +131,9 @@ def analyze(gm: torch.fx.GraphModule, num_fwd_outputs: int | None = None) -> Gra
             node_tensors[node.name] = tuple(refs)
             if node.target is operator.getitem and len(refs) == 1 and not new:
                 parent = node.args[0]
-                if len(node_tensors.get(parent.name, ())) > 1 and tensors[refs[0]]["name"].startswith(parent.name + "."):
-                    tensors[refs[0]]["name"] = node.name  # the value that holds this tuple element
+                element = tensors[refs[0]]
+                if len(node_tensors.get(parent.name, ())) > 1 and element["name"].startswith(parent.name + "."):
+                    element["name"] = node.name  # the value that holds this tuple element
             if new:
                 if len(new) == 1 and len(refs) == 1:
                     tensors[new[0]]["name"] = node.name

@@ -90,8 +90,8 @@ class TracedStep:
             self._stack.close()
             raise TraceError(
                 f"could not trace the training step of {type(model).__name__} at input {spec.describe()}: "
-                f"{type(exc).__name__}: {str(exc).rstrip('.')}. monet needs a model whose forward traces into one graph "
-                "(no Python control flow that depends on tensor values)"
+                f"{type(exc).__name__}: {str(exc).rstrip('.')}. monet needs a model whose forward traces into "
+                "one graph (no Python control flow that depends on tensor values)"
             ) from exc
         finally:
             model.train(was_training)
@@ -117,7 +117,7 @@ class TracedStep:
     def close(self) -> None:
         self._stack.close()
 
-    def __enter__(self) -> "TracedStep":
+    def __enter__(self) -> TracedStep:
         return self
 
     def __exit__(self, *exc) -> None:

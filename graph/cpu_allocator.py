@@ -13,7 +13,6 @@ import contextlib
 import os
 import sys
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 

@@ -9,12 +9,12 @@ caching allocator's peak. Time is the median of repeated runs after warm-up.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
-
 from monet.solver import Problem
 
 from .analyze import GraphAnalysis, allocation_bytes
@@ -60,7 +60,7 @@ def _walk(gm, values, on_op: Callable[[torch.fx.Node, Callable[[], object]], obj
     for node in gm.graph.nodes:
         if node.op == "call_function":
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
-            env[node.name] = on_op(node, lambda: node.target(*args, **kwargs))
+            env[node.name] = on_op(node, functools.partial(node.target, *args, **kwargs))
         for name in frees.get(node, ()):
             if node.op != "output":
                 env.pop(name, None)

@@ -143,15 +143,18 @@ def _print_summary(schedule: ScheduleFile) -> None:
     pred, solver = schedule.predicted, schedule.solver
     shape = "x".join(map(str, schedule.input["shape"]))
     table = Table(show_header=False, title=f"{schedule.model} schedule")
-    table.add_row("input", f"{shape} {schedule.input['dtype']}" + (" (needs grad)" if schedule.input["requires_grad"] else ""))
+    grad = " (needs grad)" if schedule.input["requires_grad"] else ""
+    table.add_row("input", f"{shape} {schedule.input['dtype']}{grad}")
     table.add_row("device / costs", f"{schedule.device} / {schedule.cost_model}")
     table.add_row("budget", format_bytes(schedule.budget))
     table.add_row("predicted peak", f"{format_bytes(pred['peak'])} ({pred['peak'] / pred['unconstrained_peak']:.0%} "
                                     f"of {format_bytes(pred['unconstrained_peak'])} unconstrained)")
-    table.add_row("predicted step time", f"{pred['time'] * 1e3:.1f} ms (+{pred['time'] / pred['unconstrained_time'] - 1:.1%})")
+    overhead = pred["time"] / pred["unconstrained_time"] - 1
+    table.add_row("predicted step time", f"{pred['time'] * 1e3:.1f} ms ({overhead:+.1%})")
     gap = f", gap {solver['mip_gap']:.2%}" if "mip_gap" in solver else ""
     table.add_row("solver", f"{solver['formulation']}: {solver['status']}{gap}, {solver.get('solve_time_s', 0):.2f} s")
-    table.add_row("kept tensors", f"{len(schedule.schedule['saved'])} ({format_bytes(sum(schedule.schedule['saved'].values()))})")
+    saved = schedule.schedule["saved"]
+    table.add_row("kept tensors", f"{len(saved)} ({format_bytes(sum(saved.values()))})")
     console.print(table)
 
 

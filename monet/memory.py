@@ -44,7 +44,7 @@ class PeakMemory:
         self.peak: int | None = None
         self._events = None
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -120,7 +120,8 @@ class Bundled:
 
 
 BUNDLED: dict[str, Bundled] = {
-    "cnn": Bundled(ResidualCNN, (32, 3, 64, 64), "ResNet-style CNN: 7 residual blocks with conv, BN, ReLU, adds, max/avg pooling, linear"),
+    "cnn": Bundled(ResidualCNN, (32, 3, 64, 64),
+                   "ResNet-style CNN: 7 residual blocks with conv, BN, ReLU, adds, max/avg pooling, linear"),
     "mlp": Bundled(MLP, (2048, 32), "32-layer MLP with ReLU, dropout before the head"),
     "transformer": Bundled(Transformer, (8, 128, 128), "4 pre-norm transformer blocks (attention, GELU MLP, dropout)"),
 }

@@ -14,7 +14,6 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
-import torch
 from torch import fx
 from torch._functorch._aot_autograd.descriptors import (
     BufferAOTInput,
@@ -48,7 +47,7 @@ class ExecutionPlan:
     derived: dict[str, tuple[str, ...]]  # op node -> every value that shares its outputs
 
     @classmethod
-    def build(cls, analysis: GraphAnalysis, schedule: Schedule) -> "ExecutionPlan":
+    def build(cls, analysis: GraphAnalysis, schedule: Schedule) -> ExecutionPlan:
         problem = analysis.problem
         tensors = problem.tensors
         saved = [tensors[t].name for t in sorted(schedule.saved)]

@@ -75,7 +75,8 @@ def _check_input(plan_file: ScheduleFile, spec: InputSpec, device: str) -> None:
     if shape != spec.shape:
         raise ScheduleMismatchError(f"the schedule was made for input shape {shape}, not {spec.shape}")
     if plan_file.device != device:
-        raise ScheduleMismatchError(f"the schedule was made for a {plan_file.device} model, but the model is on {device}")
+        raise ScheduleMismatchError(
+            f"the schedule was made for a {plan_file.device} model, but the model is on {device}")
 
 
 def _check_graph(plan_file: ScheduleFile, analysis: GraphAnalysis, model: nn.Module, spec: InputSpec) -> None:

@@ -108,7 +108,7 @@ class ScheduleFile:
         return path
 
     @classmethod
-    def from_dict(cls, data: object, source: str = "schedule") -> "ScheduleFile":
+    def from_dict(cls, data: object, source: str = "schedule") -> ScheduleFile:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ScheduleFileError(f"{source} is not a monet schedule file (no \"format\": \"{FORMAT}\")")
         if data.get("version") != VERSION:

@@ -110,7 +110,7 @@ class Compact(Formulation):
 
         # Q[t,k]: t is still needed at stage k or later (read there, or read by a rerun there).
         needed: dict[int, int] = {}
-        for t, (a, b) in tensor_win.items():
+        for t, (_, b) in tensor_win.items():
             needed[t] = milp.add_vars(b + 2, upper=1.0)  # Q[t,0..b+1]; Q[t,b+1] = 0
             milp.fix(needed[t] + b + 1, 0.0)
             for k in range(b + 1):
@@ -126,7 +126,7 @@ class Compact(Formulation):
         # Stage k, entering: copies made before it that are still needed (the saved copy of a
         # kept tensor, or a copy rerun in an earlier stage). Their bytes, summed, are held[k].
         held_terms: list[list[tuple[int, float]]] = [[] for _ in range(stages.count)]
-        for t, (a, b) in tensor_win.items():
+        for t, (_, b) in tensor_win.items():
             o = tensors[t].producer
             for k in range(b + 1):
                 h = milp.add_vars()

@@ -158,7 +158,7 @@ class Problem:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Problem":
+    def from_dict(cls, data: dict) -> Problem:
         if data.get("version") != PROBLEM_VERSION:
             raise ProblemError(
                 f"problem format version {data.get('version')!r} is not supported (expected {PROBLEM_VERSION})"
@@ -177,5 +177,5 @@ class Problem:
         return json.dumps(self.to_dict())
 
     @classmethod
-    def from_json(cls, text: str) -> "Problem":
+    def from_json(cls, text: str) -> Problem:
         return cls.from_dict(json.loads(text))

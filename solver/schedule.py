@@ -32,7 +32,7 @@ class Schedule:
     backward: tuple[int, ...]
 
     @classmethod
-    def from_backward(cls, problem: Problem, backward: list[int] | tuple[int, ...]) -> "Schedule":
+    def from_backward(cls, problem: Problem, backward: list[int] | tuple[int, ...]) -> Schedule:
         """The schedule that runs `backward`, saving exactly what it reads before any recomputation."""
         backward = prune_dead_recomputations(problem, tuple(backward))
         return cls(saved=_first_reads(problem, backward), backward=backward)
@@ -49,7 +49,7 @@ class Schedule:
         }
 
     @classmethod
-    def from_dict(cls, problem: Problem, data: dict) -> "Schedule":
+    def from_dict(cls, problem: Problem, data: dict) -> Schedule:
         try:
             saved = frozenset(problem.tensor_named(n).id for n in data["saved"])
             backward = tuple(problem.op_named(n).id for n in data["backward"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from .compact import Compact
-from .heuristics import best_first_need
 from .general import General
+from .heuristics import best_first_need
 from .problem import Problem
 from .result import InfeasibleBudgetError, LeastPeak, Solution, SolverFailedError
 from .schedule import keep_all

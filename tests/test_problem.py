@@ -5,9 +5,8 @@ import subprocess
 import sys
 
 import pytest
-from synthetic import chain, random_dag
-
 from monet.solver import Op, Problem, ProblemError, Tensor
+from synthetic import chain, random_dag
 
 
 def test_json_round_trip_keeps_everything():

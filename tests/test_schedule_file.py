@@ -4,7 +4,6 @@ import json
 import os
 
 import pytest
-
 from monet.schedules import ScheduleFile, ScheduleFileError, load_schedule
 
 

@@ -1,9 +1,8 @@
 """The simulator's accounting, checked by hand on tiny problems."""
 
 import pytest
-from synthetic import _Builder, chain
-
 from monet.solver import Schedule, ScheduleError, keep_all, simulate
+from synthetic import _Builder, chain
 
 
 def two_layers():

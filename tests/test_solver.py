@@ -3,8 +3,6 @@
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from synthetic import chain, random_dag
-
 from monet.solver import (
     InfeasibleBudgetError,
     keep_all,
@@ -14,6 +12,7 @@ from monet.solver import (
     validate,
 )
 from monet.solver.heuristics import best_first_need, recompute_at_first_need
+from synthetic import chain, random_dag
 
 
 def unconstrained(problem):
