@@ -113,7 +113,8 @@ def analyze(gm: torch.fx.GraphModule, num_fwd_outputs: int | None = None) -> Gra
         if node.op == "placeholder":
             (val,) = _tensors_in(node.meta["val"])
             tid = len(tensors)
-            tensors.append({"name": node.name, "bytes": _bytes(val), "role": _role_of_input(node), "op": None})
+            tensors.append({"name": node.name, "bytes": _bytes(val), "role": _role_of_input(node), "op": None,
+                            "shape": tuple(val.shape), "dtype": str(val.dtype)})
             owner[StorageWeakRef(val.untyped_storage())] = tid
             node_tensors[node.name] = (tid,)
         elif node.op == "call_function":
@@ -126,7 +127,7 @@ def analyze(gm: torch.fx.GraphModule, num_fwd_outputs: int | None = None) -> Gra
                     owner[key] = len(tensors)
                     new.append(len(tensors))
                     tensors.append({"name": f"{node.name}.{i}", "bytes": _bytes(val), "role": None,
-                                    "op": len(raw_ops)})
+                                    "op": len(raw_ops), "shape": tuple(val.shape), "dtype": str(val.dtype)})
                 refs.append(owner[key])
             node_tensors[node.name] = tuple(refs)
             if node.target is operator.getitem and len(refs) == 1 and not new:
@@ -158,7 +159,8 @@ def analyze(gm: torch.fx.GraphModule, num_fwd_outputs: int | None = None) -> Gra
     new_id = {id(r): i for i, r in enumerate(order)}
     op_of_raw = [new_id[id(r)] for r in raw_ops]
     tensor_objs = tuple(
-        Tensor(i, t["name"], t["bytes"], t["role"], None if t["op"] is None else op_of_raw[t["op"]])
+        Tensor(i, t["name"], t["bytes"], t["role"], None if t["op"] is None else op_of_raw[t["op"]],
+               t["shape"], t["dtype"].removeprefix("torch."))
         for i, t in enumerate(tensors)
     )
     ops = tuple(

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 
 import torch
+from torch._functorch._aot_autograd import descriptors as d
+
 from monet.solver import Problem
 
 from .analyze import GraphAnalysis, allocation_bytes
@@ -24,9 +26,7 @@ OP_MARK = "monet.op:"
 
 
 def _inputs(gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
-    """Real values for the graph's placeholders."""
-    from torch._functorch._aot_autograd import descriptors as d
-
+    """Real values for the graph's placeholders (the joint graph is functional: nothing is written)."""
     gen = torch.Generator().manual_seed(seed)
     values = {}
     for node in gm.graph.find_nodes(op="placeholder"):
@@ -34,7 +34,7 @@ def _inputs(gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor, s
         if isinstance(desc, d.ParamAOTInput):
             values[node.name] = model.get_parameter(desc.target).detach()
         elif isinstance(desc, d.BufferAOTInput):
-            values[node.name] = model.get_buffer(desc.target).detach().clone()
+            values[node.name] = model.get_buffer(desc.target).detach()
         elif isinstance(desc, d.PlainAOTInput):
             values[node.name] = x.detach()
         else:

@@ -29,7 +29,6 @@ import numpy as np
 
 from .formulation import Formulation
 from .problem import Problem
-from .stages import stages_reading
 
 
 class Compact(Formulation):
@@ -156,7 +155,7 @@ class Compact(Formulation):
                     if u in tensor_win and k <= tensor_win[u][1]:
                         x = milp.add_vars()
                         later = [(x, 1.0)]
-                        if k in stages_reading(stages, u):
+                        if k in stages.read_at.get(u, ()):
                             milp.add_row(ran_here(o, k) + [(x, -1.0)], 0.0)
                         else:
                             milp.add_row(ran_here(o, k) + [(needed[u] + k + 1, 1.0), (x, -1.0)], 1.0)

@@ -58,7 +58,7 @@ def segment_cuts(problem: Problem) -> list[int]:
 def chen_candidates(problem: Problem) -> list[frozenset[int]]:
     """Drop sets of Chen's greedy: walk the forward pass, keep a segment cut whenever the
     bytes since the last kept cut pass a threshold, drop every other droppable tensor;
-    one drop set per threshold on a geometric grid, plus keep-all and drop-all-but-cuts."""
+    one drop set per threshold on a geometric grid, plus dropping only what is never worth keeping."""
     stages = Stages(problem)
     tensor_win, op_win = stages.windows
     droppable = {t for t in tensor_win if problem.tensors[t].producer in op_win}

@@ -34,13 +34,15 @@ PHASES = ("forward", "backward")
 
 @dataclass(frozen=True)
 class Tensor:
-    """One allocation: a storage of `bytes` bytes made by op `producer`."""
+    """One allocation: a storage of `bytes` bytes made by op `producer` (shape and dtype for people)."""
 
     id: int
     name: str
     bytes: int
     role: str
     producer: int | None = None
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,8 @@ class Problem:
                 f"problem format version {data.get('version')!r} is not supported (expected {PROBLEM_VERSION})"
             )
         try:
-            tensors = [Tensor(**t) for t in data["tensors"]]
+            tensors = [Tensor(**{**t, "shape": None if t.get("shape") is None else tuple(t["shape"])})
+                       for t in data["tensors"]]
             ops = [
                 Op(**{**op, "inputs": tuple(op["inputs"]), "outputs": tuple(op["outputs"])})
                 for op in data["ops"]

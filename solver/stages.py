@@ -32,24 +32,18 @@ class Stages:
         return len(self.problem.backward_ops)
 
     @cached_property
-    def reads(self) -> tuple[dict[int, int], dict[int, int]]:
-        """First and last stage at which the backward reads each tensor directly."""
-        first: dict[int, int] = {}
-        last: dict[int, int] = {}
-        for k, op in enumerate(self.problem.backward_ops):
-            for t in op.inputs:
-                first.setdefault(t, k)
-                last[t] = k
-        return first, last
-
-    @cached_property
-    def readers_by_tensor(self) -> dict[int, set[int]]:
-        """For each tensor, the stages whose backward op reads it."""
+    def read_at(self) -> dict[int, set[int]]:
+        """For each tensor, the stages whose backward op reads it directly."""
         out: dict[int, set[int]] = {}
         for k, op in enumerate(self.problem.backward_ops):
             for t in op.inputs:
                 out.setdefault(t, set()).add(k)
         return out
+
+    @cached_property
+    def reads(self) -> tuple[dict[int, int], dict[int, int]]:
+        """First and last stage at which the backward reads each tensor directly."""
+        return ({t: min(ks) for t, ks in self.read_at.items()}, {t: max(ks) for t, ks in self.read_at.items()})
 
     @cached_property
     def windows(self) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
@@ -159,7 +153,3 @@ def stage_workspace(milp, problem: Problem, floor: int, reruns: list[tuple[int, 
             milp.add_row([(var, coef * need / 1e6) for var, coef in rerun] + [(ws, -1.0 / 1e6)], 0.0)
     return ws
 
-
-def stages_reading(stages: Stages, t: int) -> set[int]:
-    """Stages whose backward op reads `t` directly."""
-    return stages.readers_by_tensor.get(t, set())

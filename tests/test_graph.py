@@ -69,3 +69,15 @@ def test_measured_and_analytic_costs():
     assert measured.meta["cost_model"] == "measured"
     assert tuple(measured.meta["input"]["shape"]) == shape
     assert measured.tensors == analytic.tensors  # sizes come from the graph, not from the cost model
+
+
+def test_real_problems_survive_json():
+    from monet.solver import Problem
+
+    model, shape = small_model("transformer")
+    step, analysis = analysed(model, shape)
+    problem = costed_problem(step, analysis, "analytic")
+    again = Problem.from_json(problem.to_json())
+    assert again == problem
+    attention = [t for t in again.tensors if t.shape == (4, 4, 64, 64)]  # batch, heads, tokens, tokens
+    assert attention and all(t.dtype == "float32" and t.bytes == 4 * 4 * 64 * 64 * 4 for t in attention)
