@@ -3,14 +3,14 @@
 Nothing here imports torch: a problem written to JSON anywhere can be solved here.
 """
 
-from .problem import Op, Problem, ProblemError, Tensor
+from .problem import Choice, Impl, Op, Problem, ProblemError, Tensor
 from .result import InfeasibleBudgetError, LeastPeak, Solution, SolverFailedError, format_bytes
 from .schedule import Schedule, ScheduleError, keep_all, validate
 from .simulate import Replay, simulate
 from .solve import FORMULATIONS, least_peak, solve
 
 __all__ = [
-    "InfeasibleBudgetError", "LeastPeak", "Op", "Problem", "ProblemError", "Replay", "Schedule", "ScheduleError",
+    "Choice", "Impl", "InfeasibleBudgetError", "LeastPeak", "Op", "Problem", "ProblemError", "Replay", "Schedule", "ScheduleError",
     "Solution", "SolverFailedError", "Tensor", "format_bytes", "keep_all", "least_peak", "simulate",
     "solve", "validate", "FORMULATIONS",
 ]

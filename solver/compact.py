@@ -1,26 +1,26 @@
-"""The compact formulation: keep or drop each tensor; a dropped one is recomputed once.
+"""The compact formulation: how each op runs, and whether each tensor is kept or rebuilt once.
 
-The only binary decisions are d[t], "drop forward tensor t" (else it is saved).
-A dropped tensor's op reruns once, at the first stage where any dropped
-output of it is needed (read by the backward, or read by a rerun that needs
-it), and that copy is held until the tensor's last need: the schedules of
-Chen's checkpointing, generalised to any keep set on a DAG. Everything else
-follows from d and is continuous, and integral whenever d is:
-  P[o,k]   op o has rerun at or before stage k (monotone in k);
-           bounded below and above by the needs that trigger it, so it
-           switches on exactly at the first need;
-  z        "consumer c has rerun by k and its input u is dropped", needed only when
-           u's op has several needed outputs (else P[op(u),k] <= d[u] does it);
+Binary decisions:
+  y[c,j]   choice c takes option j (one option per choice; approximate options
+           only when allowed), which fixes how the ops that depend on c run;
+  d[t]     forward tensor t is dropped (else it is saved).
+A dropped tensor's op reruns once, at the first stage where any dropped output
+of it is needed (read by the backward, or read by a rerun that needs it), and
+that copy is held until the tensor's last need: the schedules of Chen's
+checkpointing, generalised to any keep set on a DAG. Everything else follows
+from y and d, is continuous, and is integral whenever they are:
+  P[o,k]   op o has rerun at or before stage k (monotone in k); bounded below and
+           above by the needs that trigger it, so it switches on at the first need;
   Q[t,k]   t is still needed at stage k or later;
   held     copies made before stage k and still needed at it;
-  S, X     bytes made by a stage's reruns, moment by moment (see below).
+  S, X     bytes made by a stage's reruns, moment by moment;
+  and products of a binary with another 0/1 quantity where a need, a time or
+  a workspace depends on an option.
 Memory rows: every forward op, and every moment of every stage (each rerun,
 then the backward op). A rerun output stays counted until its last forward
 reader among the stage's possible reruns has run, so the rows are exact for
-chains and an upper bound elsewhere.
-Binary variables: one per droppable tensor, so branch and bound stays small.
-Tensors whose keeping is dominated (see Stages.never_worth_keeping) are
-dropped outright; that loses no optimality.
+chains and an upper bound elsewhere. Tensors whose keeping is dominated
+(Stages.never_worth_keeping) are dropped outright, which loses no optimality.
 """
 
 from __future__ import annotations
@@ -30,15 +30,54 @@ import numpy as np
 from .formulation import Formulation
 from .problem import Problem
 
+Terms = list[tuple[int, float]]
+
 
 class Compact(Formulation):
-    def __init__(self, problem: Problem, budget: int | None):
+    def __init__(self, problem: Problem, budget: int | None, *, allow_approximate: bool = False,
+                 options: dict[str, str] | None = None):
+        """`options` fixes choices (e.g. every choice to its first option: checkpointing alone)."""
         super().__init__(problem, budget)
         stages, milp, memory = self.stages, self.milp, self.memory
         tensors = problem.tensors
         tensor_win, op_win = stages.windows
         first_read, last_read = stages.reads
+        conditional = stages.read_only_under
 
+        # Choices.
+        self.option_var: dict[tuple[str, int], int] = {}
+        for choice in problem.choices:
+            first = milp.add_vars(len(choice.options), binary=True)
+            milp.add_row([(first + j, 1.0) for j in range(len(choice.options))], 1.0)
+            milp.add_row([(first + j, -1.0) for j in range(len(choice.options))], -1.0)
+            for j, name in enumerate(choice.options):
+                self.option_var[(choice.name, j)] = first + j
+                forced = (options or {}).get(choice.name)
+                if (name in choice.approximate and not allow_approximate) or (forced and forced != name):
+                    milp.fix(first + j, 0.0)
+
+        def option(op_id: int, j: int) -> Terms:
+            """Terms equal to 1 when op `op_id` runs as its option j (always, without a choice)."""
+            op = problem.ops[op_id]
+            return [] if op.choice is None else [(self.option_var[(op.choice, j)], 1.0)]
+
+        def both(a: Terms, b: Terms) -> Terms:
+            """Terms of a variable equal to the product of two 0/1 quantities (an empty one is 1)."""
+            if not a or not b:
+                return a or b
+            z = milp.add_vars(upper=1.0)
+            milp.add_row(a + b + [(z, -1.0)], 1.0)
+            milp.add_row([(z, 1.0)] + [(v, -c) for v, c in a], 0.0)
+            milp.add_row([(z, 1.0)] + [(v, -c) for v, c in b], 0.0)
+            return [(z, 1.0)]
+
+        def reads_if(t: int, k: int) -> Terms:
+            """Terms equal to 1 when backward op k reads t under the chosen option ([] when always)."""
+            if (t, k) not in conditional:
+                return []
+            return [term for j in conditional[(t, k)] for term in option(problem.backward_ops[k].id, j)]
+
+        # Keep or drop.
         self.drop = {t: milp.add_vars(binary=True) for t in sorted(tensor_win)}
         for t, var in self.drop.items():
             if tensors[t].producer not in op_win:
@@ -56,7 +95,7 @@ class Compact(Formulation):
             a, b = op_win[o]
             return self.p_first[o] + min(k, b) - a
 
-        def ran_here(o: int, k: int) -> list[tuple[int, float]]:
+        def ran_here(o: int, k: int) -> Terms:
             """Terms equal to 1 when o reruns exactly at stage k."""
             terms = [(P(o, k), 1.0)]
             if P(o, k - 1) is not None:
@@ -64,19 +103,31 @@ class Compact(Formulation):
             return terms
 
         # P[o,k] is squeezed between the needs that trigger o by stage k: below by each, above by their sum.
-        triggers: dict[tuple[int, int], list[int]] = {}  # (op, stage) -> variables that may switch it on
+        triggers: dict[tuple[int, int], list[int]] = {(o, k): [] for o, (a, b) in op_win.items()
+                                                       for k in range(a, b + 1)}
         for o, (a, b) in op_win.items():
             for k in range(a + 1, b + 1):
                 milp.add_row([(P(o, k - 1), 1.0), (P(o, k), -1.0)], 0.0)
-            for k in range(a, b + 1):
-                triggers[(o, k)] = []
-            memory.add_time(P(o, b), problem.ops[o].time)
-        for t, var in self.drop.items():
+            impls = problem.ops[o].impls
+            if any(impl.inputs != impls[0].inputs or not impl.runs for impl in impls):
+                raise ValueError(f"op {problem.ops[o].name!r} reruns, so all its options must read the same")
+            end = [(P(o, b), 1.0)]
+            for j, impl in enumerate(impls):  # rerun time, as the op runs under the chosen option
+                for var, _ in both(end, option(o, j)):
+                    memory.add_time(var, impl.time)
+
+        for t, drop in self.drop.items():
             o = tensors[t].producer
-            if o in op_win and t in first_read:
-                for k in range(max(op_win[o][0], first_read[t]), op_win[o][1] + 1):
-                    milp.add_row([(var, 1.0), (P(o, k), -1.0)], 0.0)
-                    triggers[(o, k)].append(var)
+            if o not in op_win:
+                continue
+            for k in sorted(stages.read_at.get(t, ())):
+                condition = reads_if(t, k)
+                (need, _), = both([(drop, 1.0)], condition)  # dropped, and read here
+                milp.add_row([(need, 1.0), (P(o, k), -1.0)], 0.0)
+                for later in range(k, op_win[o][1] + 1):
+                    triggers[(o, later)].append(need)
+                if not condition:
+                    break  # later reads are implied by monotonicity
         needed_outputs = {o: [u for u in problem.ops[o].outputs if u in self.drop] for o in op_win}
         for o, outs in needed_outputs.items():
             if len(outs) == 1:  # a single needed output: o reruns only if it is dropped
@@ -93,17 +144,12 @@ class Compact(Formulation):
                         continue
                     # c rerun by stage k with u dropped forces u's op by then.
                     milp.add_row([(P(c, k), 1.0), (self.drop[u], 1.0), (P(source, k), -1.0)], 1.0)
-                    if len(needed_outputs[source]) == 1:
-                        trigger = P(c, k)  # the source's own row above ties it to d[u]
-                    else:
-                        trigger = milp.add_vars(upper=1.0)  # P[c,k] and d[u]
-                        milp.add_row([(P(c, k), 1.0), (self.drop[u], 1.0), (trigger, -1.0)], 1.0)
-                        milp.add_row([(trigger, 1.0), (P(c, k), -1.0)], 0.0)
-                        milp.add_row([(trigger, 1.0), (self.drop[u], -1.0)], 0.0)
-                    triggers[(source, k)].append(trigger)
+                    trigger = ([(P(c, k), 1.0)] if len(needed_outputs[source]) == 1  # its own row ties it to d[u]
+                               else both([(P(c, k), 1.0)], [(self.drop[u], 1.0)]))
+                    triggers[(source, k)].append(trigger[0][0])
                     if k == b:  # past c's window P[c] keeps its last value, and so does this trigger
                         for later in range(b + 1, op_win[source][1] + 1):
-                            triggers[(source, later)].append(trigger)
+                            triggers[(source, later)].append(trigger[0][0])
         for (o, k), trig in triggers.items():
             milp.add_row([(P(o, k), 1.0)] + [(v, -1.0) for v in trig], 0.0)
 
@@ -112,9 +158,14 @@ class Compact(Formulation):
         for t, (_, b) in tensor_win.items():
             needed[t] = milp.add_vars(b + 2, upper=1.0)  # Q[t,0..b+1]; Q[t,b+1] = 0
             milp.fix(needed[t] + b + 1, 0.0)
+            always = max((k for k in stages.read_at.get(t, ()) if (t, k) not in conditional), default=-1)
             for k in range(b + 1):
-                if k <= last_read.get(t, -1):
+                if k <= always:
                     milp.fix(needed[t] + k, 1.0)
+                else:
+                    milp.add_row([(needed[t] + k + 1, 1.0), (needed[t] + k, -1.0)], 0.0)
+                if (t, k) in conditional:
+                    milp.add_row(reads_if(t, k) + [(needed[t] + k, -1.0)], 0.0)
                 for c in problem.readers[t]:
                     if c in op_win:
                         terms = [(P(c, op_win[c][1]), 1.0), (needed[t] + k, -1.0)]
@@ -124,7 +175,7 @@ class Compact(Formulation):
 
         # Stage k, entering: copies made before it that are still needed (the saved copy of a
         # kept tensor, or a copy rerun in an earlier stage). Their bytes, summed, are held[k].
-        held_terms: list[list[tuple[int, float]]] = [[] for _ in range(stages.count)]
+        held_terms: list[Terms] = [[] for _ in range(stages.count)]
         for t, (_, b) in tensor_win.items():
             o = tensors[t].producer
             for k in range(b + 1):
@@ -134,10 +185,20 @@ class Compact(Formulation):
                     milp.add_row([(P(o, k - 1), 1.0), (needed[t] + k, 1.0), (h, -1.0)], 1.0)
                 held_terms[k].append((h, tensors[t].bytes))
 
-        # Within stage k, reruns run in forward order, then backward op k. A running sum
-        # S tracks the bytes made by this stage's reruns: an output counts until its last
-        # forward reader among this stage's candidates has run, then only if it is still
-        # needed later (X). Each moment is a memory row, so workspace counts where it occurs.
+        def cost_terms(op_id: int, when: Terms) -> tuple[float, Terms]:
+            """(constant, terms): the outputs and workspace of running op `op_id` when `when` is 1."""
+            constant, terms = 0.0, []
+            for j, size in stages.op_cost(problem.ops[op_id]):
+                factor = both(when, option(op_id, j)) if j is not None else when
+                if factor:
+                    terms += [(v, c * size) for v, c in factor]
+                else:
+                    constant += size
+            return constant, terms
+
+        # Within stage k, reruns run in forward order, then backward op k. A running sum S tracks
+        # the bytes made by this stage's reruns: an output counts until its last forward reader among
+        # this stage's candidates has run, then only if it is still needed later (X).
         candidates: list[list[int]] = [[] for _ in range(stages.count)]
         for o, (a, b) in sorted(op_win.items()):
             for k in range(a, b + 1):
@@ -147,43 +208,56 @@ class Compact(Formulation):
             milp.add_row(held_terms[k] + [(held, -1.0)], 0.0)
             ops_here = candidates[k]
             position = {o: i for i, o in enumerate(ops_here)}
-            releases: list[list[tuple[int, list[tuple[int, float]]]]] = [[] for _ in ops_here]
+            releases: list[list[tuple[int, Terms]]] = [[] for _ in ops_here]
             for i, o in enumerate(ops_here):
                 for u in problem.ops[o].outputs:
                     readers_here = [position[c] for c in problem.readers[u] if c in position]
-                    later = []  # terms of "made here and still needed after this stage's reruns"
+                    later: Terms = []  # "made here and still needed after this stage's reruns"
                     if u in tensor_win and k <= tensor_win[u][1]:
                         x = milp.add_vars()
                         later = [(x, 1.0)]
                         if k in stages.read_at.get(u, ()):
-                            milp.add_row(ran_here(o, k) + [(x, -1.0)], 0.0)
-                        else:
-                            milp.add_row(ran_here(o, k) + [(needed[u] + k + 1, 1.0), (x, -1.0)], 1.0)
+                            condition = reads_if(u, k)
+                            milp.add_row(ran_here(o, k) + condition + [(x, -1.0)], 1.0 if condition else 0.0)
+                        milp.add_row(ran_here(o, k) + [(needed[u] + k + 1, 1.0), (x, -1.0)], 1.0)
                     releases[max(readers_here, default=i)].append((u, later))
             running = None
             for i, o in enumerate(ops_here):
                 moment = [(held, 1.0)] + ([(running, 1.0)] if running is not None else [])
-                cost = problem.out_bytes(problem.ops[o]) + problem.ops[o].workspace
-                memory.add(moment + [(v, c * cost) for v, c in ran_here(o, k)], stages.backward_fixed[k])
+                constant, terms = cost_terms(o, ran_here(o, k))
+                memory.add(moment + terms, stages.backward_fixed[k] + constant)
                 nxt = milp.add_vars()
                 row = [(nxt, -1.0)] + ([(running, 1.0)] if running is not None else [])
                 row += [(v, c * problem.out_bytes(problem.ops[o])) for v, c in ran_here(o, k)]
                 for u, later in releases[i]:
-                    made = ran_here(tensors[u].producer, k)
-                    row += [(v, -c * tensors[u].bytes) for v, c in made]
+                    row += [(v, -c * tensors[u].bytes) for v, c in ran_here(tensors[u].producer, k)]
                     row += [(v, c * tensors[u].bytes) for v, c in later]
                 milp.add_row(row, 0.0)
                 running = nxt
             end = [(held, 1.0)] + ([(running, 1.0)] if running is not None else [])
-            memory.add(end, stages.backward_fixed[k] + stages.op_floor[k])
+            constant, terms = cost_terms(problem.backward_ops[k].id, [])
+            memory.add(end + terms, stages.backward_fixed[k] + constant)
 
-        for fixed, optional in stages.forward_rows:
+        for fixed, optional, by_option in stages.forward_rows:
             saved_bytes = sum(tensors[t].bytes for t in optional)
-            memory.add([(self.drop[t], -tensors[t].bytes) for t in optional], fixed + saved_bytes)
+            terms = [(self.drop[t], -tensors[t].bytes) for t in optional]
+            terms += [(v, c * size) for o, j, size in by_option for v, c in option(o, j)]
+            memory.add(terms, fixed + saved_bytes)
+
+        # The forward and backward ops' own times, where they depend on an option.
+        for op in problem.ops:
+            for j, impl in enumerate(op.impls if op.choice else ()):
+                memory.add_time(self.option_var[(op.choice, j)], impl.time if impl.runs else 0.0)
 
     def warm_start(self, dropped: frozenset[int]) -> dict[int, float]:
-        """Values of the binaries for a first-need schedule that drops `dropped`."""
-        return {var: float(t in dropped) for t, var in self.drop.items()}
+        """Values of the binaries for a first-need schedule that drops `dropped`, first options."""
+        values = {var: float(t in dropped) for t, var in self.drop.items()}
+        values.update({var: float(j == 0) for (_, j), var in self.option_var.items()})
+        return values
+
+    def options(self, values: np.ndarray) -> dict[str, str]:
+        return {c: self.problem.choice_named[c].options[j]
+                for (c, j), var in self.option_var.items() if values[var] > 0.5}
 
     def reruns(self, values: np.ndarray) -> dict[int, list[int]]:
         by_stage: dict[int, list[int]] = {}

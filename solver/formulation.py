@@ -23,14 +23,20 @@ class Formulation:
         """Stage -> forward ops rerun just before that stage's backward op, in a solution."""
         raise NotImplementedError
 
+    def options(self, values: np.ndarray) -> dict[str, str]:
+        """Choice -> option taken, in a solution (none: every choice takes its first option)."""
+        return {}
+
     def warm_start(self, dropped: frozenset[int]) -> dict[int, float] | None:
         """Binary values of the first-need schedule that drops `dropped`, if this formulation has them."""
         return None
 
     def schedule(self, values: np.ndarray) -> Schedule:
         by_stage = self.reruns(values)
+        options = self.options(values)
         seq: list[int] = []
         for k, op in enumerate(self.problem.backward_ops):
             seq.extend(sorted(by_stage.get(k, [])))
-            seq.append(op.id)
-        return Schedule.from_backward(self.problem, seq)
+            if op.impl(self.problem.option_index(op, options)).runs:
+                seq.append(op.id)
+        return Schedule.from_backward(self.problem, seq, options)

@@ -65,7 +65,7 @@ class General(Formulation):
                     terms.append((self.rerun[(tensors[t].producer, k)], -1.0))
                 milp.add_row(terms, 0.0)
 
-        for fixed, optional in stages.forward_rows:
+        for fixed, optional, _ in stages.forward_rows:
             memory.add([(self.saved[t], tensors[t].bytes) for t in optional], fixed)
         terms = [[] for _ in range(stages.count)]
         for t, (a, b) in tensor_win.items():
@@ -78,7 +78,8 @@ class General(Formulation):
             terms[k].append((var, problem.out_bytes(problem.ops[o])))
             reruns_at[k].append((o, [(var, 1.0)]))
         for k in range(stages.count):
-            memory.add(terms[k] + [(stage_workspace(milp, problem, stages.op_floor[k], reruns_at[k]), 1.0)],
+            (_, floor), = stages.op_cost(problem.backward_ops[k])  # resolved problems have no choices
+            memory.add(terms[k] + [(stage_workspace(milp, problem, floor, reruns_at[k]), 1.0)],
                        stages.backward_fixed[k])
 
     def reruns(self, values: np.ndarray) -> dict[int, list[int]]:

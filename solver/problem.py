@@ -14,7 +14,7 @@ Execution model (shared by the simulator, the solvers and the runtime):
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 
 PROBLEM_VERSION = 1
@@ -46,9 +46,33 @@ class Tensor:
 
 
 @dataclass(frozen=True)
+class Impl:
+    """How an op runs under one option of its choice (or whether it runs at all)."""
+
+    inputs: tuple[int, ...]
+    time: float
+    workspace: int = 0
+    runs: bool = True
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A decision taken once per step, such as how one ReLU's backward gets its mask.
+    The first option is PyTorch's own; `approximate` options change the gradients."""
+
+    name: str
+    options: tuple[str, ...]
+    approximate: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Op:
     """One operator run: reads `inputs`, allocates `outputs`, takes `time` seconds
-    and `workspace` temporary bytes while it runs."""
+    and `workspace` temporary bytes while it runs.
+
+    With a `choice`, those fields (and `runs`) describe the op under the choice's
+    first option and `others` under each further option; outputs never change.
+    """
 
     id: int
     name: str
@@ -59,6 +83,19 @@ class Op:
     time: float
     workspace: int = 0
     recomputable: bool = True
+    runs: bool = True
+    choice: str | None = None
+    others: tuple[Impl, ...] = ()
+
+    def impl(self, option: int = 0) -> Impl:
+        """The op under option `option` of its choice (0: the first, PyTorch's)."""
+        if option == 0:
+            return Impl(self.inputs, self.time, self.workspace, self.runs)
+        return self.others[option - 1]
+
+    @property
+    def impls(self) -> tuple[Impl, ...]:
+        return (self.impl(0), *self.others)
 
 
 class ProblemError(ValueError):
@@ -72,10 +109,12 @@ class Problem:
     tensors: tuple[Tensor, ...]
     ops: tuple[Op, ...]
     meta: dict = field(default_factory=dict, compare=False)
+    choices: tuple[Choice, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "tensors", tuple(self.tensors))
         object.__setattr__(self, "ops", tuple(self.ops))
+        object.__setattr__(self, "choices", tuple(self.choices))
         self._check()
 
     # ---- structure -------------------------------------------------------
@@ -94,12 +133,22 @@ class Problem:
 
     @cached_property
     def readers(self) -> tuple[tuple[int, ...], ...]:
-        """For each tensor, the ids of the ops that read it, in op order."""
+        """For each tensor, the ids of the ops that read it under some option, in op order."""
         out: list[list[int]] = [[] for _ in self.tensors]
         for op in self.ops:
-            for t in op.inputs:
+            for t in dict.fromkeys(t for impl in op.impls if impl.runs for t in impl.inputs):
                 out[t].append(op.id)
         return tuple(tuple(r) for r in out)
+
+    @cached_property
+    def choice_named(self) -> dict[str, Choice]:
+        return {c.name: c for c in self.choices}
+
+    def option_index(self, op: Op, options: dict[str, str]) -> int:
+        """Which of `op`'s impls `options` (choice name -> option) selects; 0 when unset."""
+        if op.choice is None or op.choice not in options:
+            return 0
+        return self.choice_named[op.choice].options.index(options[op.choice])
 
     def out_bytes(self, op: Op) -> int:
         return sum(self.tensors[t].bytes for t in op.outputs)
@@ -126,8 +175,13 @@ class Problem:
                 raise ProblemError(f"tensor {t.name!r} has unknown role {t.role!r}")
             if t.bytes < 0:
                 raise ProblemError(f"tensor {t.name!r} has negative size")
+        for c in self.choices:
+            if len(c.options) < 2 or len(set(c.options)) != len(c.options) or not set(c.approximate) <= set(c.options):
+                raise ProblemError(f"choice {c.name!r} needs two or more distinct options")
+            if c.options[0] in c.approximate:
+                raise ProblemError(f"choice {c.name!r}: the first option must be exact (PyTorch's own)")
         seen_backward = False
-        produced = {t.id for t in self.tensors if t.producer is None}
+        produced = {t.id: None for t in self.tensors if t.producer is None}  # tensor -> (choice, options) or None
         for i, op in enumerate(self.ops):
             if op.id != i:
                 raise ProblemError(f"op {op.name!r} has id {op.id}, expected {i}")
@@ -137,18 +191,45 @@ class Problem:
                 seen_backward = True
             elif seen_backward:
                 raise ProblemError(f"forward op {op.name!r} comes after a backward op")
-            for t in op.inputs:
-                if not 0 <= t < len(self.tensors):
-                    raise ProblemError(f"op {op.name!r} reads unknown tensor {t}")
-                if t not in produced:
-                    raise ProblemError(f"op {op.name!r} reads {self.tensors[t].name!r} before it exists")
+            if op.choice is not None:
+                if op.choice not in self.choice_named:
+                    raise ProblemError(f"op {op.name!r} depends on unknown choice {op.choice!r}")
+                if len(op.others) != len(self.choice_named[op.choice].options) - 1:
+                    raise ProblemError(f"op {op.name!r} needs one implementation per option of {op.choice!r}")
+            elif op.others or not op.runs:
+                raise ProblemError(f"op {op.name!r} has alternatives but no choice")
+            for option, impl in enumerate(op.impls):
+                if not impl.runs:
+                    continue
+                for t in impl.inputs:
+                    if not 0 <= t < len(self.tensors):
+                        raise ProblemError(f"op {op.name!r} reads unknown tensor {t}")
+                    made = produced.get(t, ())
+                    if made is not None and (not made or made[0] != op.choice or option not in made[1]):
+                        raise ProblemError(f"op {op.name!r} reads {self.tensors[t].name!r} before it exists")
+            runs = tuple(j for j, impl in enumerate(op.impls) if impl.runs)
             for t in op.outputs:
                 if self.tensors[t].producer != op.id:
                     raise ProblemError(f"op {op.name!r} outputs {self.tensors[t].name!r} it does not produce")
-                produced.add(t)
+                produced[t] = None if len(runs) == len(op.impls) else (op.choice, runs)
         for t in self.tensors:
             if t.producer is None and t.role not in (*PERSISTENT_ROLES, "tangent"):
                 raise ProblemError(f"tensor {t.name!r} ({t.role}) has no producer")
+
+    def resolve(self, options: dict[str, str]) -> Problem:
+        """The plain problem (no choices) in which every op runs as `options` says; ops that do
+        not run are left out with their outputs. Names are kept, ids are renumbered."""
+        runs = {op.id: op.impl(self.option_index(op, options)) for op in self.ops}
+        kept_ops = [op for op in self.ops if runs[op.id].runs]
+        kept_tensors = [t for t in self.tensors if t.producer is None or runs[t.producer].runs]
+        tid = {t.id: i for i, t in enumerate(kept_tensors)}
+        oid = {op.id: i for i, op in enumerate(kept_ops)}
+        tensors = [replace(t, id=tid[t.id], producer=None if t.producer is None else oid[t.producer])
+                   for t in kept_tensors]
+        ops = [Op(oid[op.id], op.name, op.target, op.phase, tuple(tid[t] for t in runs[op.id].inputs),
+                  tuple(tid[t] for t in op.outputs), runs[op.id].time, runs[op.id].workspace, op.recomputable)
+               for op in kept_ops]
+        return Problem(tensors, ops, self.meta)
 
     # ---- JSON ------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -157,6 +238,7 @@ class Problem:
             "meta": self.meta,
             "tensors": [asdict(t) for t in self.tensors],
             "ops": [asdict(op) for op in self.ops],
+            "choices": [asdict(c) for c in self.choices],
         }
 
     @classmethod
@@ -169,12 +251,15 @@ class Problem:
             tensors = [Tensor(**{**t, "shape": None if t.get("shape") is None else tuple(t["shape"])})
                        for t in data["tensors"]]
             ops = [
-                Op(**{**op, "inputs": tuple(op["inputs"]), "outputs": tuple(op["outputs"])})
+                Op(**{**op, "inputs": tuple(op["inputs"]), "outputs": tuple(op["outputs"]),
+                      "others": tuple(Impl(**{**i, "inputs": tuple(i["inputs"])}) for i in op.get("others", ()))})
                 for op in data["ops"]
             ]
+            choices = [Choice(c["name"], tuple(c["options"]), tuple(c.get("approximate", ())))
+                       for c in data.get("choices", ())]
         except (KeyError, TypeError) as exc:
             raise ProblemError(f"malformed problem: {exc}") from exc
-        return cls(tensors, ops, data.get("meta", {}))
+        return cls(tensors, ops, data.get("meta", {}), choices)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())

@@ -44,7 +44,7 @@ class Solution:
     budget: int
     formulation: str
     status: str  # "optimal" or "time_limit" (best schedule found when time ran out)
-    objective: float  # recomputation time of the schedule, as the solver priced it
+    objective: float  # recomputation time, plus op time that depends on options, as the solver priced it
     bound: float  # proven lower bound on that objective
     gap: float  # HiGHS's relative MIP gap
     solve_time: float

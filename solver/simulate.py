@@ -43,6 +43,7 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
     """Replay `schedule`; raises ScheduleError if it cannot run."""
     validate(problem, schedule)
     tensors = problem.tensors
+    impls = {op.id: schedule.impl(problem, op) for op in problem.ops}
     base = problem.persistent_bytes
     timeline: list[tuple[str, int]] = []
     live = _LiveSet()
@@ -50,7 +51,7 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
 
     def run(label: str, op, copy: dict[int, int]) -> None:
         nonlocal peak, peak_live
-        now = base + live.bytes + problem.out_bytes(op) + op.workspace
+        now = base + live.bytes + problem.out_bytes(op) + impls[op.id].workspace
         if now > peak:
             peak, peak_live = now, live.tensors() | frozenset(op.outputs)
         timeline.append((label, now))
@@ -58,17 +59,18 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
             live.add((t, copy.get(t, 0)), tensors[t].bytes)
 
     # Forward: every op once; a tensor dies after its last forward reader unless saved.
+    forward = [op for op in problem.forward_ops if impls[op.id].runs]
     last_forward_read: dict[int, int] = {}
-    for op in problem.forward_ops:
-        for t in op.inputs:
+    for op in forward:
+        for t in impls[op.id].inputs:
             last_forward_read[t] = op.id
-    for op in problem.forward_ops:
+    for op in forward:
         run(op.name, op, {})
-        for t in (*op.inputs, *op.outputs):
+        for t in (*impls[op.id].inputs, *op.outputs):
             role = tensors[t].role
             if role == "activation" and t not in schedule.saved and last_forward_read.get(t, -1) <= op.id:
                 live.discard((t, 0))
-    forward_time = sum(op.time for op in problem.forward_ops)
+    forward_time = sum(impls[op.id].time for op in forward)
 
     # The caller's buffers take the new running stats; the backward's seeds arrive.
     for t in tensors:
@@ -83,7 +85,7 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
     version = {t.id: 0 for t in tensors}
     for pos, i in enumerate(schedule.backward):
         op = problem.ops[i]
-        keys = [(t, version[t]) for t in op.inputs]
+        keys = [(t, version[t]) for t in impls[i].inputs]
         reads.append(keys)
         for key in keys:
             last_read[key] = pos
@@ -101,10 +103,10 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
         if op.phase == "forward":
             for t in op.outputs:
                 copy[t] += 1
-            recompute_time += op.time
+            recompute_time += impls[i].time
             run(f"recompute {op.name}", op, copy)
         else:
-            backward_time += op.time
+            backward_time += impls[i].time
             run(op.name, op, copy)
         done = [k for k in reads[pos] if last_read[k] == pos]
         done += [(t, copy[t]) for t in op.outputs if (t, copy[t]) not in last_read]

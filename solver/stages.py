@@ -33,12 +33,42 @@ class Stages:
 
     @cached_property
     def read_at(self) -> dict[int, set[int]]:
-        """For each tensor, the stages whose backward op reads it directly."""
+        """For each tensor, the stages whose backward op reads it directly (under some option)."""
         out: dict[int, set[int]] = {}
         for k, op in enumerate(self.problem.backward_ops):
-            for t in op.inputs:
-                out.setdefault(t, set()).add(k)
+            for impl in op.impls:
+                for t in impl.inputs if impl.runs else ():
+                    out.setdefault(t, set()).add(k)
         return out
+
+    @cached_property
+    def read_only_under(self) -> dict[tuple[int, int], tuple[int, ...]]:
+        """(tensor, stage) -> the options of the backward op's choice that read the tensor there,
+        for reads that depend on the option (absent: read under every option)."""
+        out = {}
+        for k, op in enumerate(self.problem.backward_ops):
+            impls = op.impls
+            for t in {t for impl in impls for t in impl.inputs}:
+                options = tuple(j for j, impl in enumerate(impls) if impl.runs and t in impl.inputs)
+                if len(options) < len(impls):
+                    out[(t, k)] = options
+        return out
+
+    def op_cost(self, op) -> list[tuple[int | None, int]]:
+        """Bytes an op's run adds (outputs and workspace): [(None, bytes)] when it has no choice,
+        else [(option, bytes)] per option of its choice."""
+        out = self.problem.out_bytes(op)
+        if op.choice is None:
+            return [(None, out + op.workspace)]
+        return [(j, (out if impl.runs else 0) + impl.workspace) for j, impl in enumerate(op.impls)]
+
+    def existence(self, t: int) -> tuple[int, tuple[int, ...]] | None:
+        """(producer op, options) when tensor `t` is made under some options only; None when always."""
+        producer = self.problem.tensors[t].producer
+        if producer is None:
+            return None
+        runs = tuple(j for j, impl in enumerate(self.problem.ops[producer].impls) if impl.runs)
+        return None if len(runs) == len(self.problem.ops[producer].impls) else (producer, runs)
 
     @cached_property
     def reads(self) -> tuple[dict[int, int], dict[int, int]]:
@@ -71,26 +101,38 @@ class Stages:
         return tensor_win, op_win
 
     @cached_property
-    def forward_rows(self) -> list[tuple[int, list[int]]]:
-        """Per forward op: (bytes live regardless of decisions, tensors that cost bytes there only if saved)."""
+    def forward_rows(self) -> list[tuple[int, list[int], list[tuple[int, int, int]]]]:
+        """Per forward op: (bytes live regardless of decisions, tensors that cost bytes there only
+        if saved, [(op, option, bytes)] that count when that op's choice takes that option).
+        A tensor made under some options only is always kept (its op does not rerun)."""
         p = self.problem
         tensor_win = self.windows[0]
         last_read: dict[int, int] = {}
         for op in p.forward_ops:
-            for t in op.inputs:
-                last_read[t] = op.id
+            for impl in op.impls:
+                for t in impl.inputs if impl.runs else ():
+                    last_read[t] = op.id
         produced: list[int] = []
         rows = []
         for op in p.forward_ops:
-            fixed = p.persistent_bytes + p.out_bytes(op) + op.workspace
+            fixed, by_option = p.persistent_bytes, []
+            for option, size in self.op_cost(op):
+                if option is None:
+                    fixed += size
+                else:
+                    by_option.append((op.id, option, size))
             optional = []
             for t in produced:
                 tensor = p.tensors[t]
-                if tensor.role in ("output", "state") or last_read.get(t, -1) >= op.id:
+                live = tensor.role in ("output", "state") or last_read.get(t, -1) >= op.id
+                if (live or t in tensor_win) and self.existence(t):
+                    producer, options = self.existence(t)
+                    by_option += [(producer, j, tensor.bytes) for j in options]
+                elif live:
                     fixed += tensor.bytes
                 elif t in tensor_win:
                     optional.append(t)
-            rows.append((fixed, optional))
+            rows.append((fixed, optional, by_option))
             produced.extend(op.outputs)
         return rows
 
@@ -116,11 +158,6 @@ class Stages:
                     fixed[j] += t.bytes
         return fixed
 
-    @cached_property
-    def op_floor(self) -> list[int]:
-        """Per stage: the backward op's own outputs and workspace."""
-        p = self.problem
-        return [p.out_bytes(op) + op.workspace for op in p.backward_ops]
 
     @cached_property
     def never_worth_keeping(self) -> frozenset[int]:

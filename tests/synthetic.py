@@ -4,27 +4,30 @@ from __future__ import annotations
 
 import random
 
-from monet.solver import Op, Problem, Tensor
+from monet.solver import Choice, Impl, Op, Problem, Tensor
 
 
 class _Builder:
     def __init__(self):
         self.tensors: list[Tensor] = []
         self.ops: list[Op] = []
+        self.choices: list[Choice] = []
 
     def tensor(self, name, nbytes, role, producer=None) -> int:
         self.tensors.append(Tensor(len(self.tensors), name, nbytes, role, producer))
         return len(self.tensors) - 1
 
-    def op(self, name, phase, inputs, outputs, time=1.0, workspace=0, recomputable=True) -> int:
+    def op(self, name, phase, inputs, outputs, time=1.0, workspace=0, recomputable=True, *, runs=True,
+           choice=None, others=()) -> int:
         """outputs: list of (name, bytes, role)."""
         op_id = len(self.ops)
         outs = tuple(self.tensor(n, b, r, op_id) for n, b, r in outputs)
-        self.ops.append(Op(op_id, name, f"test.{name}", phase, tuple(inputs), outs, time, workspace, recomputable))
+        self.ops.append(Op(op_id, name, f"test.{name}", phase, tuple(inputs), outs, time, workspace, recomputable,
+                           runs, choice, tuple(others)))
         return op_id
 
     def problem(self) -> Problem:
-        return Problem(self.tensors, self.ops, {"name": "synthetic"})
+        return Problem(self.tensors, self.ops, {"name": "synthetic"}, self.choices)
 
 
 def chain(n: int, size: int = 100, time: float = 1.0, param: int = 0) -> Problem:
@@ -78,4 +81,36 @@ def random_dag(seed: int, n_forward: int = 8) -> Problem:
                    workspace=rng.choice([0, rng.randint(1, 50)]))
         for t, g in zip(reads, b.ops[bid].outputs):
             grads.setdefault(t, g)
+    return b.problem()
+
+
+def relu_chain(n: int, size: int = 100) -> Problem:
+    """n layers of lin -> relu. Each relu's backward reads its output, or (choice "mask_i") a 1/32-size
+    mask made in the forward; each lin runs "fast" (big workspace) or "lean" (slower, none);
+    an approximate option "sketch" of each mask choice is cheaper still."""
+    b = _Builder()
+    x = b.tensor("x", size, "input")
+    w = b.tensor("w", 0, "param")
+    acts, zs, masks = [x], [], []
+    for i in range(n):
+        b.choices.append(Choice(f"algo{i}", ("fast", "lean")))
+        lin = b.op(f"lin{i}", "forward", [acts[-1], w], [(f"z{i}", size, "activation")], 1.0, workspace=2 * size,
+                   choice=f"algo{i}", others=[Impl((acts[-1], w), 1.5, 0)])
+        zs.append(b.ops[lin].outputs[0])
+        role = "output" if i == n - 1 else "activation"
+        relu = b.op(f"relu{i}", "forward", [zs[-1]], [(f"a{i}", size, role)], 0.2)
+        acts.append(b.ops[relu].outputs[0])
+        b.choices.append(Choice(f"mask{i}", ("output", "mask", "sketch"), approximate=("sketch",)))
+        pack = b.op(f"pack{i}", "forward", [acts[-1]], [(f"m{i}", size // 32, "activation")], 0.05,
+                    recomputable=False, runs=False, choice=f"mask{i}",
+                    others=[Impl((acts[-1],), 0.05), Impl((acts[-1],), 0.01)])
+        masks.append(b.ops[pack].outputs[0])
+    grad = b.tensor("dy", size, "tangent")
+    for i in reversed(range(n)):
+        relu_b = b.op(f"relu_b{i}", "backward", [grad, acts[i + 1]], [(f"gz{i}", size, "temp")], 0.2,
+                      choice=f"mask{i}", others=[Impl((grad, masks[i]), 0.25), Impl((grad, masks[i]), 0.1)])
+        gz = b.ops[relu_b].outputs[0]
+        lin_b = b.op(f"lin_b{i}", "backward", [gz, acts[i], w], [(f"g{i}", size, "temp" if i else "grad")], 2.0,
+                     workspace=2 * size, choice=f"algo{i}", others=[Impl((gz, acts[i], w), 3.0, 0)])
+        grad = b.ops[lin_b].outputs[0]
     return b.problem()

@@ -3,8 +3,12 @@
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from synthetic import chain, random_dag, relu_chain
+
 from monet.solver import (
     InfeasibleBudgetError,
+    Schedule,
+    ScheduleError,
     keep_all,
     least_peak,
     simulate,
@@ -12,7 +16,6 @@ from monet.solver import (
     validate,
 )
 from monet.solver.heuristics import best_first_need, recompute_at_first_need
-from synthetic import chain, random_dag
 
 
 def unconstrained(problem):
@@ -89,3 +92,53 @@ def test_random_graphs_schedules_are_valid_and_general_is_never_worse(seed, size
     if results["compact"] is not None:
         assert results["general"] is not None
         assert results["general"] <= results["compact"] + 1e-6
+
+
+# ---- implementation choices ------------------------------------------------------------------
+
+def test_choosing_implementations_never_costs_time_and_reaches_lower_budgets():
+    p = relu_chain(8)
+    full = unconstrained(p)
+    for fraction in (1.0, 0.8, 0.7):
+        budget = int(full * fraction)
+        joint, alone = solve(p, budget), solve(p, budget, implementations=False)
+        assert alone.schedule.options == {}
+        assert joint.replay.time <= alone.replay.time + 1e-9
+    budget = int(full * 0.6)  # only lean algorithms (no workspace) fit here
+    with pytest.raises(InfeasibleBudgetError):
+        solve(p, budget, implementations=False)
+    joint = solve(p, budget)
+    assert joint.peak <= budget and set(joint.schedule.options.values()) == {"lean"}
+
+
+def test_approximate_options_only_when_allowed():
+    p = relu_chain(6)
+    budget = int(unconstrained(p) * 0.7)
+    exact = solve(p, budget)
+    assert "sketch" not in exact.schedule.options.values()
+    validate(p, exact.schedule, allow_approximate=False)
+    sketchy = solve(p, budget, allow_approximate=True)
+    assert "sketch" in sketchy.schedule.options.values()  # cheaper, so it is taken when allowed
+    assert sketchy.replay.time < exact.replay.time
+    with pytest.raises(ScheduleError, match="changes gradients"):
+        validate(p, sketchy.schedule, allow_approximate=False)
+
+
+def test_options_change_what_runs_and_what_is_read():
+    p = relu_chain(2)
+    masked = keep_all(p, {"mask0": "mask", "mask1": "mask"})
+    plain = keep_all(p)
+    assert {p.tensors[t].name for t in masked.saved} == {"m0", "m1", "x", "a0"} - {"x"}
+    assert {p.tensors[t].name for t in plain.saved} == {"a0"}
+    with_masks, without = simulate(p, masked), simulate(p, plain)
+    assert with_masks.forward_time == pytest.approx(without.forward_time + 2 * 0.05)
+    assert Schedule.from_dict(p, masked.to_dict(p)) == masked
+
+
+def test_general_formulation_solves_as_pytorch_runs():
+    p = relu_chain(6)
+    solution = solve(p, int(unconstrained(p) * 0.9), formulation="general")
+    assert solution.schedule.options == {}
+    validate(p, solution.schedule)
+    plain = p.resolve({})
+    assert simulate(plain, keep_all(plain)).peak == unconstrained(p)
