@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .formulation import Formulation
+from .formulation import Formulation, Terms
 from .problem import Problem
 
-Terms = list[tuple[int, float]]
 
 
 class Compact(Formulation):
@@ -196,47 +195,24 @@ class Compact(Formulation):
                     constant += size
             return constant, terms
 
-        # Within stage k, reruns run in forward order, then backward op k. A running sum S tracks
-        # the bytes made by this stage's reruns: an output counts until its last forward reader among
-        # this stage's candidates has run, then only if it is still needed later (X).
+        def kept_after(k: int, u: int, made: Terms) -> Terms:
+            """Made at stage k and still needed by backward op k or a later stage."""
+            if u not in tensor_win or k > tensor_win[u][1]:
+                return []
+            x = milp.add_vars()
+            if k in stages.read_at.get(u, ()):
+                condition = reads_if(u, k)
+                milp.add_row(made + condition + [(x, -1.0)], 1.0 if condition else 0.0)
+            milp.add_row(made + [(needed[u] + k + 1, 1.0), (x, -1.0)], 1.0)
+            return [(x, 1.0)]
+
         candidates: list[list[int]] = [[] for _ in range(stages.count)]
         for o, (a, b) in sorted(op_win.items()):
             for k in range(a, b + 1):
                 candidates[k].append(o)
         for k in range(stages.count):
-            held = milp.add_vars()
-            milp.add_row(held_terms[k] + [(held, -1.0)], 0.0)
-            ops_here = candidates[k]
-            position = {o: i for i, o in enumerate(ops_here)}
-            releases: list[list[tuple[int, Terms]]] = [[] for _ in ops_here]
-            for i, o in enumerate(ops_here):
-                for u in problem.ops[o].outputs:
-                    readers_here = [position[c] for c in problem.readers[u] if c in position]
-                    later: Terms = []  # "made here and still needed after this stage's reruns"
-                    if u in tensor_win and k <= tensor_win[u][1]:
-                        x = milp.add_vars()
-                        later = [(x, 1.0)]
-                        if k in stages.read_at.get(u, ()):
-                            condition = reads_if(u, k)
-                            milp.add_row(ran_here(o, k) + condition + [(x, -1.0)], 1.0 if condition else 0.0)
-                        milp.add_row(ran_here(o, k) + [(needed[u] + k + 1, 1.0), (x, -1.0)], 1.0)
-                    releases[max(readers_here, default=i)].append((u, later))
-            running = None
-            for i, o in enumerate(ops_here):
-                moment = [(held, 1.0)] + ([(running, 1.0)] if running is not None else [])
-                constant, terms = cost_terms(o, ran_here(o, k))
-                memory.add(moment + terms, stages.backward_fixed[k] + constant)
-                nxt = milp.add_vars()
-                row = [(nxt, -1.0)] + ([(running, 1.0)] if running is not None else [])
-                row += [(v, c * problem.out_bytes(problem.ops[o])) for v, c in ran_here(o, k)]
-                for u, later in releases[i]:
-                    row += [(v, -c * tensors[u].bytes) for v, c in ran_here(tensors[u].producer, k)]
-                    row += [(v, c * tensors[u].bytes) for v, c in later]
-                milp.add_row(row, 0.0)
-                running = nxt
-            end = [(held, 1.0)] + ([(running, 1.0)] if running is not None else [])
-            constant, terms = cost_terms(problem.backward_ops[k].id, [])
-            memory.add(end + terms, stages.backward_fixed[k] + constant)
+            self.add_stage(k, held_terms[k], candidates[k], lambda o, k=k: ran_here(o, k),
+                           lambda u, made, k=k: kept_after(k, u, made), cost_terms)
 
         for fixed, optional, by_option in stages.forward_rows:
             saved_bytes = sum(tensors[t].bytes for t in optional)

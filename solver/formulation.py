@@ -3,12 +3,16 @@ and turning "which ops rerun in which stage" into a schedule."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .milp import MemoryLimit, Milp
 from .problem import Problem
 from .schedule import Schedule
 from .stages import Stages
+
+Terms = list[tuple[int, float]]
 
 
 class Formulation:
@@ -17,7 +21,41 @@ class Formulation:
         self.problem = problem
         self.stages = Stages(problem)
         self.milp = Milp()
-        self.memory = MemoryLimit(self.milp, budget)
+        self.memory = MemoryLimit(self.milp, budget, max((t.bytes for t in problem.tensors), default=1))
+
+    def add_stage(self, k: int, held: Terms, candidates: list[int], ran: Callable[[int], Terms],
+                  kept_after: Callable[[int, Terms], Terms],
+                  cost: Callable[[int, Terms], tuple[float, Terms]]) -> None:
+        """Memory rows for every moment of stage k: each candidate rerun in forward order, then
+        backward op k. `held`: bytes of copies made before the stage and still needed in it;
+        `ran(o)`: terms equal to 1 when o reruns here; `kept_after(u, made)`: terms equal to 1 when
+        output u, made here (`made`), must outlive the stage's reruns ([] if never);
+        `cost(op, when)`: (constant, terms) bytes of running an op (outputs and workspace).
+        A running sum tracks the bytes this stage's reruns made: an output counts until its last
+        forward reader among the candidates has run, then only if it is kept after."""
+        milp, problem = self.milp, self.problem
+        fixed = self.stages.backward_fixed[k]
+        held_var = milp.add_vars()
+        milp.add_row(held + [(held_var, -1.0)], 0.0)
+        position = {o: i for i, o in enumerate(candidates)}
+        releases: list[list[tuple[int, Terms, Terms]]] = [[] for _ in candidates]
+        for i, o in enumerate(candidates):
+            for u in problem.ops[o].outputs:
+                last = max((position[c] for c in problem.readers[u] if c in position), default=i)
+                releases[last].append((u, ran(o), kept_after(u, ran(o))))
+        running: Terms = []
+        for i, o in enumerate(candidates):
+            constant, terms = cost(o, ran(o))
+            self.memory.add([(held_var, 1.0)] + running + terms, fixed + constant)
+            after = milp.add_vars()
+            row = [(after, -1.0)] + running + [(v, c * problem.out_bytes(problem.ops[o])) for v, c in ran(o)]
+            for u, made, kept in releases[i]:
+                size = problem.tensors[u].bytes
+                row += [(v, -c * size) for v, c in made] + [(v, c * size) for v, c in kept]
+            milp.add_row(row, 0.0)
+            running = [(after, 1.0)]
+        constant, terms = cost(problem.backward_ops[k].id, [])
+        self.memory.add([(held_var, 1.0)] + running + terms, fixed + constant)
 
     def reruns(self, values: np.ndarray) -> dict[int, list[int]]:
         """Stage -> forward ops rerun just before that stage's backward op, in a solution."""

@@ -9,9 +9,8 @@ and for every recomputable forward op o:
 Presence:  a backward op reading t at stage k needs S[t,k] + R[op(t),k] >= 1;
            a rerun R[o,k] needs the same for each input of o.
 Carry:     S[t,k+1] <= S[t,k] + R[op(t),k],  S[t,first] <= s[t].
-Memory:    every forward op and every stage within the budget; all outputs
-           rerun in a stage count as live together, so the rows bound the
-           replayed peak from above.
+Memory:    every forward op, and every moment of every stage (each rerun, then
+           the backward op), within the budget; see Formulation.add_stage.
 This is MONeT's stage formulation for checkpointing; it reaches the lowest
 budgets (revolve-style repeated recomputation) but grows as tensors x stages.
 """
@@ -22,7 +21,6 @@ import numpy as np
 
 from .formulation import Formulation
 from .problem import Problem
-from .stages import stage_workspace
 
 
 class General(Formulation):
@@ -67,20 +65,34 @@ class General(Formulation):
 
         for fixed, optional, _ in stages.forward_rows:
             memory.add([(self.saved[t], tensors[t].bytes) for t in optional], fixed)
-        terms = [[] for _ in range(stages.count)]
+        held: list[list[tuple[int, float]]] = [[] for _ in range(stages.count)]
         for t, (a, b) in tensor_win.items():
             for k in range(a):
-                terms[k].append((self.saved[t], tensors[t].bytes))
+                held[k].append((self.saved[t], tensors[t].bytes))
             for k in range(a, b + 1):
-                terms[k].append((self.held[(t, k)], tensors[t].bytes))
-        reruns_at = [[] for _ in range(stages.count)]
-        for (o, k), var in self.rerun.items():
-            terms[k].append((var, problem.out_bytes(problem.ops[o])))
-            reruns_at[k].append((o, [(var, 1.0)]))
+                held[k].append((self.held[(t, k)], tensors[t].bytes))
+        candidates: list[list[int]] = [[] for _ in range(stages.count)]
+        for o, k in sorted(self.rerun):
+            candidates[k].append(o)
+
+        def kept_after(k: int, u: int, made: list[tuple[int, float]]) -> list[tuple[int, float]]:
+            """Made at stage k and read by backward op k, or held into stage k + 1."""
+            if u not in tensor_win or k > tensor_win[u][1]:
+                return []
+            x = milp.add_vars()
+            if k in stages.read_at.get(u, ()):
+                milp.add_row(made + [(x, -1.0)], 0.0)
+            if (u, k + 1) in self.held:
+                milp.add_row(made + [(self.held[(u, k + 1)], 1.0), (x, -1.0)], 1.0)
+            return [(x, 1.0)]
+
+        def cost(o: int, when: list[tuple[int, float]]) -> tuple[float, list[tuple[int, float]]]:
+            (_, size), = stages.op_cost(problem.ops[o])  # resolved problems have no choices
+            return (0.0, [(v, c * size) for v, c in when]) if when else (size, [])
+
         for k in range(stages.count):
-            (_, floor), = stages.op_cost(problem.backward_ops[k])  # resolved problems have no choices
-            memory.add(terms[k] + [(stage_workspace(milp, problem, floor, reruns_at[k]), 1.0)],
-                       stages.backward_fixed[k])
+            self.add_stage(k, held[k], candidates[k], lambda o, k=k: [(self.rerun[(o, k)], 1.0)],
+                           lambda u, made, k=k: kept_after(k, u, made), cost)
 
     def reruns(self, values: np.ndarray) -> dict[int, list[int]]:
         by_stage: dict[int, list[int]] = {}

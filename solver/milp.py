@@ -131,35 +131,36 @@ class Milp:
         return MilpResult(status, values, objective_value, bound, gap, seconds)
 
 
-MIB = float(1 << 20)
 SLACK = 1e-5  # relative budget margin that covers HiGHS's feasibility and integrality tolerances
 
 
 class MemoryLimit:
-    """Memory rows `terms + fixed <= limit`, in MiB: a budget, or (budget None) a peak variable to minimise."""
+    """Memory rows `terms + fixed <= limit` in units of `unit` bytes (chosen so that the largest
+    tensor is about a thousand units): a budget, or (budget None) a peak variable to minimise."""
 
-    def __init__(self, milp: Milp, budget: int | None):
+    def __init__(self, milp: Milp, budget: int | None, largest_tensor: int):
         self.milp = milp
+        self.unit = max(1.0, 2.0 ** np.floor(np.log2(max(largest_tensor, 1))) / 1024)
         if budget is None:
             self.peak = milp.add_vars()
             milp.add_cost(self.peak, 1.0)
             self.limit = None
         else:
             self.peak = None
-            self.limit = budget * (1 - SLACK) / MIB
+            self.limit = budget * (1 - SLACK) / self.unit
 
     def add(self, terms: list[tuple[int, float]], fixed_bytes: float) -> None:
         """Row for one point in time; term coefficients are bytes."""
-        scaled = [(var, coef / MIB) for var, coef in terms]
+        scaled = [(var, coef / self.unit) for var, coef in terms]
         if self.peak is None:
-            self.milp.add_row(scaled, self.limit - fixed_bytes / MIB)
+            self.milp.add_row(scaled, self.limit - fixed_bytes / self.unit)
         else:
-            self.milp.add_row(scaled + [(self.peak, -1.0)], -fixed_bytes / MIB)
+            self.milp.add_row(scaled + [(self.peak, -1.0)], -fixed_bytes / self.unit)
 
     def add_time(self, var: int, seconds: float) -> None:
         """Objective term: time spent when `var` is 1. Only a tie-breaker when minimising the peak."""
         self.milp.add_cost(var, seconds * (1e3 if self.peak is None else 1e-9))
 
-    def least_budget(self, peak_mib: float) -> int:
-        """The smallest budget that admits a peak of `peak_mib` under this row scaling."""
-        return int(np.ceil(peak_mib * MIB / (1 - SLACK)))
+    def least_budget(self, peak_units: float) -> int:
+        """The smallest budget that admits a peak of `peak_units` under this row scaling."""
+        return int(np.ceil(peak_units * self.unit / (1 - SLACK)))

@@ -177,16 +177,3 @@ class Stages:
                 out.add(t)
         return frozenset(out)
 
-
-def stage_workspace(milp, problem: Problem, floor: int, reruns: list[tuple[int, list[tuple[int, float]]]]) -> int:
-    """A variable (bytes) at least the backward op's own need and each rerun op's workspace.
-
-    `reruns` pairs an op id with the linear terms that equal 1 when it reruns in this stage.
-    """
-    ws = milp.add_vars(lower=floor)
-    for o, rerun in reruns:
-        need = problem.ops[o].workspace
-        if need > floor:
-            milp.add_row([(var, coef * need / 1e6) for var, coef in rerun] + [(ws, -1.0 / 1e6)], 0.0)
-    return ws
-
