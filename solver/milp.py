@@ -67,9 +67,10 @@ class Milp:
         self._rhs.append(rhs)
 
     def solve(self, *, time_limit: float, seed: int = 0, mip_rel_gap: float = 1e-4,
-              warm: dict[int, float] | None = None, verbose: bool = False) -> MilpResult:
+              warm: dict[int, float] | None = None, verbose: bool = False, relax: bool = False) -> MilpResult:
         """Minimise the cost. `warm` fixes binaries to a known solution first (an LP, quick);
-        if that solution is feasible HiGHS starts from it, so the time limit returns at least it."""
+        if that solution is feasible HiGHS starts from it, so the time limit returns at least it.
+        `relax` solves the LP relaxation instead (binaries anywhere in [0, 1])."""
         binary = np.array(self._binary, dtype=bool)
         index = np.zeros(self.size, dtype=int)
         index[binary] = np.arange(binary.sum())
@@ -80,7 +81,7 @@ class Milp:
         for var_index, coef in self._cost.items():
             cost[var_index] = coef
         n_bin, n_cont = int(binary.sum()), int((~binary).sum())
-        bins = cp.Variable(n_bin, boolean=True) if n_bin else None
+        bins = cp.Variable(n_bin, boolean=not relax) if n_bin else None
         conts = cp.Variable(n_cont, bounds=[lower[~binary], upper[~binary]]) if n_cont else None
         variables = [(mask, var) for mask, var in ((binary, bins), (~binary, conts)) if var is not None]
         lhs = 0
@@ -97,29 +98,32 @@ class Milp:
         problem = cp.Problem(cp.Minimize(objective), constraints)
         start = time.perf_counter()
 
-        def run(lo: np.ndarray, hi: np.ndarray, warm_start: bool) -> None:
+        def run(lo: np.ndarray, hi: np.ndarray, warm_start: bool) -> str:
+            """One HiGHS run within what is left of the time limit; cvxpy's status, or 'error'."""
             if n_bin:
                 lo_bin.value, hi_bin.value = lo, hi
             left = max(1.0, time_limit - (time.perf_counter() - start))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # cvxpy warns on inaccurate solutions; the status says so
-                problem.solve(solver=cp.HIGHS, warm_start=warm_start, time_limit=float(left),
-                              random_seed=int(seed), mip_rel_gap=mip_rel_gap, verbose=verbose)
+                try:
+                    problem.solve(solver=cp.HIGHS, warm_start=warm_start, time_limit=float(left),
+                                  random_seed=int(seed), mip_rel_gap=mip_rel_gap, verbose=verbose)
+                except (cp.error.SolverError, ValueError):  # HiGHS stopped without a usable answer
+                    return "error"
+            return problem.status
 
-        lo, hi = lower[binary], upper[binary]
         seeded = False
         if warm and n_bin:
             fixed = lower.copy()
             for var_index, value in warm.items():
                 fixed[var_index] = value
-            run(fixed[binary], fixed[binary], False)
-            seeded = problem.status.startswith("optimal")
-        run(lo, hi, seeded)
+            seeded = run(fixed[binary], fixed[binary], False).startswith("optimal")
+        status = run(lower[binary], upper[binary], seeded)
         seconds = time.perf_counter() - start
-        if problem.status in ("infeasible", "infeasible_inaccurate"):
+        if status in ("infeasible", "infeasible_inaccurate"):
             return MilpResult("infeasible", None, np.inf, np.inf, np.inf, seconds)
-        if any(var.value is None for _, var in variables):
-            return MilpResult(problem.status, None, np.inf, -np.inf, np.inf, seconds)
+        if status == "error" or any(var.value is None for _, var in variables):
+            return MilpResult(status, None, np.inf, -np.inf, np.inf, seconds)
         values = np.zeros(self.size)
         for mask, var in variables:
             values[mask] = np.asarray(var.value, dtype=float)
@@ -127,8 +131,8 @@ class Milp:
         objective_value = float(info.objective_function_value)
         bound = float(info.mip_dual_bound) if np.isfinite(info.mip_dual_bound) else objective_value
         gap = float(info.mip_gap) if np.isfinite(info.mip_gap) else 0.0
-        status = "optimal" if problem.status.startswith("optimal") else "time_limit"
-        return MilpResult(status, values, objective_value, bound, gap, seconds)
+        return MilpResult("optimal" if status.startswith("optimal") else "time_limit", values, objective_value,
+                          bound, gap, seconds)
 
 
 SLACK = 1e-5  # relative budget margin that covers HiGHS's feasibility and integrality tolerances
