@@ -7,18 +7,22 @@ from collections.abc import Callable
 
 import torch
 from monet.solver import Problem
+from monet.solver.edit import add_choices
 
 from .analyze import GraphAnalysis, UnsupportedGraphError, allocation_bytes, analyze, fingerprint
 from .capture import InputSpec, TracedStep, TraceError, model_device
 from .cost_model import analytic_times
+from .implementations import choice_specs, rewrite, structure
 from .profile import measure_times, measure_workspace
 
 COST_MODELS = ("measured", "analytic")
 
 
 def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = "measured", *,
-                   repeats: int = 3, progress: Callable[[int, int], None] | None = None) -> Problem:
-    """The analysed problem with each op's time and workspace filled in.
+                   implementations: bool = True, repeats: int = 3,
+                   progress: Callable[[int, int], None] | None = None) -> Problem:
+    """The analysed problem with each op's time and workspace filled in, and (with
+    `implementations`) a choice for every op that can run in more than one way.
 
     Workspace is always measured (kernel temporaries are a fact of this machine's
     libraries, and their sizes repeat exactly); time is measured ("measured") or
@@ -32,21 +36,25 @@ def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = 
         times = measure_times(analysis, gm, step.model, x, repeats=repeats, progress=progress)
     else:
         times = analytic_times(analysis, gm)
-    problem = analysis.problem
-    ops = [dataclasses.replace(op, time=times[op.name], workspace=workspace[op.name]) for op in problem.ops]
     meta = {
-        **problem.meta,
+        **analysis.problem.meta,
         "model": type(step.model).__name__,
         "input": dataclasses.asdict(step.spec),
         "device": step.device.type,
         "cost_model": cost_model,
         "torch": torch.__version__.split("+")[0],
     }
-    return Problem(problem.tensors, ops, meta)
+    ops = [dataclasses.replace(op, time=times[op.name], workspace=workspace[op.name]) for op in analysis.problem.ops]
+    problem = Problem(analysis.problem.tensors, ops, meta)
+    if not implementations:
+        return problem
+    return add_choices(problem, choice_specs(analysis, gm, step.model, x, problem,
+                                             times_measured=cost_model == "measured"))
 
 
 __all__ = [
-    "COST_MODELS", "GraphAnalysis", "InputSpec", "TraceError", "TracedStep", "UnsupportedGraphError",
+    "COST_MODELS", "GraphAnalysis", "InputSpec", "TraceError", "TracedStep", "UnsupportedGraphError", "rewrite",
+    "structure",
     "allocation_bytes", "analyze", "analytic_times", "costed_problem", "fingerprint", "measure_times",
     "measure_workspace", "model_device",
 ]

@@ -53,17 +53,55 @@ def _last_uses(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, list[str]]:
     return out
 
 
-def _walk(gm, values, on_op: Callable[[torch.fx.Node, Callable[[], object]], object]):
-    """Run the graph in order, freeing after last use; `on_op` runs each compute node."""
+def _walk(gm, values, on_op: Callable[[torch.fx.Node, Callable[[], object]], object],
+          after: Callable[[torch.fx.Node, tuple, object], None] | None = None):
+    """Run the graph in order, freeing after last use; `on_op` runs each compute node, and
+    `after(node, args, value)` sees its real arguments and result."""
     env = dict(values)
     frees = _last_uses(gm)
     for node in gm.graph.nodes:
         if node.op == "call_function":
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
             env[node.name] = on_op(node, functools.partial(node.target, *args, **kwargs))
+            if after:
+                after(node, args, env[node.name])
         for name in frees.get(node, ()):
             if node.op != "output":
                 env.pop(name, None)
+
+
+def run_graph(gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,
+              after: Callable[[torch.fx.Node, tuple, object], None], *, seed: int = 0) -> None:
+    """Run the joint graph on real tensors; `after(node, args, value)` follows every compute node."""
+    with torch.no_grad():
+        _walk(gm, _inputs(gm, model, x, seed), lambda node, call: call(), after)
+
+
+def measure_call(call: Callable[[], object], device: torch.device, *, repeats: int = 3,
+                 warmup: int = 1) -> tuple[float, int, object]:
+    """(median seconds, workspace bytes, result) of `call`; workspace as for graph ops."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        result = call()
+        torch.cuda.synchronize(device)
+        made = torch.cuda.memory_allocated(device) - before
+        workspace = torch.cuda.max_memory_allocated(device) - before - made
+    else:
+        with allocator_events() as events:
+            result = call()
+        workspace = events.peak_delta() - sum(events.deltas)
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        call()
+        _sync(device)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples), max(0, workspace), result
 
 
 def measure_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,

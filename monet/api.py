@@ -8,7 +8,7 @@ from torch import nn
 
 from monet.graph import InputSpec, TracedStep, analyze, costed_problem
 from monet.schedules import ScheduleFile
-from monet.solver import Problem, Replay, Solution, keep_all, simulate
+from monet.solver import Problem, keep_all, simulate
 from monet.solver import solve as solve_problem
 
 from .budget import parse_budget
@@ -18,41 +18,49 @@ Progress = Callable[[str, int, int | None], None]
 
 
 def trace_problem(model: nn.Module, spec: InputSpec, *, cost_model: str = "measured",
-                  progress: Progress | None = None) -> Problem:
-    """Trace `model` at `spec` and cost every op of its training step."""
+                  implementations: bool = True, progress: Progress | None = None) -> Problem:
+    """Trace `model` at `spec` and cost every op of its training step, with (`implementations`)
+    every alternative way an op can run, measured here."""
     if progress:
         progress("tracing", 0, None)
     with TracedStep(model, spec) as step:
         analysis = analyze(step.graph_module)
     on_op = (lambda done, total: progress("profiling ops", done, total)) if progress else None
-    return costed_problem(step, analysis, cost_model, progress=on_op)
+    return costed_problem(step, analysis, cost_model, implementations=implementations, progress=on_op)
 
 
 def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | float, *,
           input_dtype: str = "float32", input_requires_grad: bool = False, cost_model: str = "measured",
-          formulation: str = "compact", time_limit: float = 60.0, progress: Progress | None = None,
-          solver_log: bool = False) -> ScheduleFile:
-    """The least-overhead schedule for training `model` on `input_shape` within `budget`.
+          implementations: bool = True, allow_approximate: bool = False, formulation: str = "compact",
+          time_limit: float = 60.0, progress: Progress | None = None, solver_log: bool = False) -> ScheduleFile:
+    """The fastest schedule for training `model` on `input_shape` within `budget`.
 
     `budget` is bytes, a size string ('4GiB') or a percentage of the unconstrained peak ('50%').
-    `formulation` is "compact" (each tensor recomputed at most once; scales) or "general"
-    (any number of recomputations; reaches lower budgets on small graphs). `solver_log`
-    prints HiGHS's progress.
+    With `implementations` the solver also chooses how ops run (ReLU/dropout masks, max-pool
+    offsets, convolution algorithms); off, it only checkpoints. Options that change gradients
+    (few-bit GELU) need `allow_approximate`. `formulation` is "compact" (each tensor recomputed
+    at most once; scales) or "general" (any number of recomputations, no implementation
+    choices; reaches lower budgets on small graphs). `solver_log` prints HiGHS's progress.
     Nothing is written; call `.save(path)` on the result to keep it.
     """
     spec = InputSpec(tuple(input_shape), input_dtype, input_requires_grad)
-    problem = trace_problem(model, spec, cost_model=cost_model, progress=progress)
-    unconstrained = simulate(problem, keep_all(problem))
-    budget_bytes = parse_budget(budget, unconstrained.peak)
+    problem = trace_problem(model, spec, cost_model=cost_model, implementations=implementations,
+                            progress=progress)
     if progress:
         progress("solving", 0, None)
-    solution = solve_problem(problem, budget_bytes, formulation=formulation, time_limit=time_limit,
-                             verbose=solver_log)
-    return schedule_file(problem, solution, unconstrained, type(model).__name__)
+    return solve_traced(problem, budget, type(model).__name__, implementations=implementations,
+                        allow_approximate=allow_approximate, formulation=formulation, time_limit=time_limit,
+                        solver_log=solver_log)
 
 
-def schedule_file(problem: Problem, solution: Solution, unconstrained: Replay, model_name: str) -> ScheduleFile:
-    """The file form of a solution on `problem`."""
+def solve_traced(problem: Problem, budget: str | int | float, model_name: str, *, implementations: bool = True,
+                 allow_approximate: bool = False, formulation: str = "compact", time_limit: float = 60.0,
+                 solver_log: bool = False) -> ScheduleFile:
+    """`solve` on an already traced and costed problem (to solve several variants of one)."""
+    unconstrained = simulate(problem, keep_all(problem))
+    solution = solve_problem(problem, parse_budget(budget, unconstrained.peak), formulation=formulation,
+                             implementations=implementations, allow_approximate=allow_approximate,
+                             time_limit=time_limit, verbose=solver_log)
     meta = problem.meta
     decisions = solution.schedule.to_dict(problem)
     return ScheduleFile(
@@ -62,9 +70,12 @@ def schedule_file(problem: Problem, solution: Solution, unconstrained: Replay, m
         budget=int(solution.budget),
         predicted={"peak": solution.peak, "time": solution.replay.time,
                    "unconstrained_peak": unconstrained.peak, "unconstrained_time": unconstrained.time},
-        solver=solution.summary(),
+        solver={**solution.summary(), "implementations": implementations, "approximate_allowed": allow_approximate},
         cost_model=meta["cost_model"],
         graph={"fingerprint": meta["fingerprint"], "ops": [[op.name, op.target, op.phase] for op in problem.ops]},
-        schedule={"saved": {name: problem.tensor_named(name).bytes for name in decisions["saved"]},
+        schedule={"options": decisions["options"],
+                  "approximate": sorted(c for c, o in decisions["options"].items()
+                                        if o in problem.choice_named[c].approximate),
+                  "saved": {name: problem.tensor_named(name).bytes for name in decisions["saved"]},
                   "backward": decisions["backward"]},
     )

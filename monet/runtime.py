@@ -27,8 +27,8 @@ from torch._functorch.partitioners import (
     _is_tangent,
 )
 
-from monet.graph import GraphAnalysis, fingerprint
-from monet.solver import Schedule
+from monet.graph import GraphAnalysis, fingerprint, rewrite
+from monet.solver import Problem, Schedule
 
 _PINNED_ROLES = ("param", "buffer", "input", "output")
 
@@ -39,23 +39,26 @@ class ScheduleMismatchError(ValueError):
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    """A schedule in fx node names: what the forward saves and what the backward runs."""
+    """A schedule in fx node names: how ops run, what the forward saves, what the backward runs."""
 
-    fingerprint: str
-    saved: tuple[str, ...]  # joint-graph values the forward returns for the backward
+    analysis: GraphAnalysis  # of the joint graph as traced
+    options: dict[str, str]  # choice -> option, where not PyTorch's own
+    saved: tuple[str, ...]  # values the forward returns for the backward
     steps: tuple[tuple[str, bool], ...]  # (op node, is a recomputation)
     derived: dict[str, tuple[str, ...]]  # op node -> every value that shares its outputs
 
     @classmethod
-    def build(cls, analysis: GraphAnalysis, schedule: Schedule) -> ExecutionPlan:
-        problem = analysis.problem
+    def build(cls, analysis: GraphAnalysis, problem: Problem, schedule: Schedule) -> ExecutionPlan:
+        """The plan for `schedule` on `problem` (the analysed problem with its choices)."""
         tensors = problem.tensors
         saved = [tensors[t].name for t in sorted(schedule.saved)]
         for i in schedule.backward:
-            for t in problem.ops[i].inputs:
+            for t in schedule.impl(problem, problem.ops[i]).inputs:
                 if tensors[t].role in _PINNED_ROLES and tensors[t].name not in saved:
                     saved.append(tensors[t].name)
-        missing = [name for name in saved if name not in analysis.node_tensors]
+        made_by_options = {tensors[t].name for op in problem.ops if op.name not in analysis.node_tensors
+                           for t in op.outputs}
+        missing = [name for name in saved if name not in analysis.node_tensors and name not in made_by_options]
         if missing:
             raise ValueError(f"saved tensors {missing} have no graph value that holds them alone")
         steps = tuple((problem.ops[i].name, problem.ops[i].phase == "forward") for i in schedule.backward)
@@ -65,9 +68,9 @@ class ExecutionPlan:
                 sharing.setdefault(t, []).append(name)
         derived = {
             op.name: tuple(dict.fromkeys(n for t in op.outputs for n in sharing.get(t, ())))
-            for op in problem.forward_ops
+            for op in analysis.problem.forward_ops
         }
-        return cls(analysis.fingerprint, tuple(saved), steps, derived)
+        return cls(analysis, dict(schedule.options), tuple(saved), steps, derived)
 
 
 def make_partition(plan: ExecutionPlan):
@@ -75,11 +78,12 @@ def make_partition(plan: ExecutionPlan):
 
     def partition(joint_module: fx.GraphModule, _joint_inputs, *, num_fwd_outputs: int, **_):
         got = fingerprint(joint_module)
-        if got != plan.fingerprint:
+        if got != plan.analysis.fingerprint:
             raise ScheduleMismatchError(
                 f"the graph being compiled (fingerprint {got}) is not the one the schedule was made for "
-                f"({plan.fingerprint})"
+                f"({plan.analysis.fingerprint})"
             )
+        rewrite(joint_module, plan.analysis, plan.options)
         graph = joint_module.graph
         nodes = {n.name: n for n in graph.nodes}
         fwd_outputs, bwd_outputs, fwd_descs, bwd_descs = _extract_fwd_bwd_outputs(

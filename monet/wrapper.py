@@ -7,7 +7,7 @@ import os
 import torch
 from torch import nn
 
-from monet.graph import GraphAnalysis, InputSpec, TracedStep, TraceError, analyze, model_device
+from monet.graph import GraphAnalysis, InputSpec, TracedStep, TraceError, analyze, model_device, structure
 from monet.schedules import ScheduleFile, load_schedule
 from monet.solver import Schedule, validate
 
@@ -33,9 +33,10 @@ class MONeTWrapper(nn.Module):
         with _traced(model, spec, plan_file) as step:
             analysis = analyze(step.graph_module)
             _check_graph(plan_file, analysis, model, spec)
-            schedule = Schedule.from_dict(analysis.problem, plan_file.schedule)
-            validate(analysis.problem, schedule)
-            self._step = step.compile(make_partition(ExecutionPlan.build(analysis, schedule)))
+            problem = structure(analysis, step.graph_module)
+            schedule = Schedule.from_dict(problem, plan_file.schedule)
+            validate(problem, schedule)
+            self._step = step.compile(make_partition(ExecutionPlan.build(analysis, problem, schedule)))
             self._param_names = step.param_names
             self._buffer_names = step.buffer_names
         self.spec = spec

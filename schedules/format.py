@@ -2,7 +2,8 @@
 
 A schedule file names the graph it was made for (a fingerprint and the list of
 its ops), the input and device, the budget and the prediction, how the solver
-did, and the decisions: the forward tensors to keep (with their sizes) and the
+did, and the decisions: how ops run (each choice's option, and which of those
+change gradients), the forward tensors to keep (with their sizes) and the
 backward sequence, in which every forward op is a recomputation.
 """
 
@@ -59,6 +60,8 @@ _SCHEMA = {
         "schedule": {
             "type": "object", "required": ["saved", "backward"],
             "properties": {
+                "options": {"type": "object", "additionalProperties": {"type": "string"}},
+                "approximate": {"type": "array", "items": {"type": "string"}},
                 "saved": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
                 "backward": {"type": "array", "items": {"type": "string"}},
             },
@@ -83,7 +86,7 @@ class ScheduleFile:
     solver: dict
     cost_model: str
     graph: dict  # {"fingerprint": str, "ops": [[name, target, phase], ...]}
-    schedule: dict  # {"saved": {tensor name: bytes}, "backward": [op name, ...]}
+    schedule: dict  # {"options": {choice: option}, "approximate": [choice], "saved": {tensor: bytes}, "backward": [op]}
     format: str = FORMAT
     version: int = VERSION
 

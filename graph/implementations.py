@@ -1,0 +1,325 @@
+"""How ops can run: families of alternative implementations, found in the joint graph.
+
+A site is one place a family applies: a ReLU and its backward, a max-pool and its
+backward, a dropout and its backward, a GELU and its backward, one convolution.
+For each site the family names a choice and its options (the first is PyTorch's
+own), measures what the other options add or change on real tensors, describes
+that to the solver (a ChoiceSpec), and rewrites the joint graph when a schedule
+picks another option. Options that fail to run on this machine are left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+from torch._guards import detect_fake_mode
+
+from monet.solver import Problem
+from monet.solver.edit import Alternative, ChoiceSpec, NewOp, NewTensor, add_choices
+
+from . import kernels
+from .analyze import GraphAnalysis, allocation_bytes
+from .cost_model import BANDWIDTH, LAUNCH
+from .profile import measure_call, run_graph
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class Site:
+    family: str
+    choice: str
+    nodes: tuple[str, ...]  # graph nodes: the forward node (new ops follow it), then the backward node
+    tensors: tuple[str, ...]  # problem tensors the backward node reads under PyTorch's option
+    params: tuple = ()  # constants the kernels need
+
+
+@dataclass
+class _Measured:
+    """What an option's kernels cost: the new forward op, the alternative backward op."""
+
+    new: tuple[float, int] | None = None
+    alt: tuple[float, int] = (0.0, 0)
+    out: NewTensor | None = None
+
+
+def _tensor(analysis: GraphAnalysis, node) -> str | None:
+    """The problem tensor a graph value holds (through views), if exactly one."""
+    refs = analysis.node_tensors.get(node.name, ()) if isinstance(node, fx.Node) else ()
+    return analysis.problem.tensors[refs[0]].name if len(refs) == 1 else None
+
+
+def _producer(analysis: GraphAnalysis, tensor: str | None):
+    if tensor is None:
+        return None
+    t = analysis.problem.tensor_named(tensor)
+    return None if t.producer is None else analysis.problem.ops[t.producer]
+
+
+def _pair(value) -> tuple[int, int]:
+    value = tuple(value)
+    return value * 2 if len(value) == 1 else value
+
+
+class _BackwardFromCompact:
+    """A backward op that can read a compact form of one of its tensors instead, made in the
+    forward right after the tensor by `pack_kernel`. Subclasses say where the tensor is among
+    the backward op's arguments (`compact_arg`) and how to call the kernels."""
+
+    name = ""
+    options: tuple[str, ...] = ()
+    approximate: tuple[str, ...] = ()
+    backward_target = None
+    compact_arg = 1
+    pack_kernel = None
+    backward_kernel = None
+
+    def match(self, node: fx.Node, analysis: GraphAnalysis) -> Site | None:
+        raise NotImplementedError
+
+    def backward_args(self, site: Site, node_args: tuple, packed) -> tuple:
+        return (node_args[0], packed, *site.params)
+
+    def pack_args(self, site: Site, value) -> tuple:
+        return (value,)
+
+    def find(self, gm: fx.GraphModule, analysis: GraphAnalysis) -> list[Site]:
+        return [site for node in gm.graph.nodes
+                if node.op == "call_function" and node.target is self.backward_target
+                for site in [self.match(node, analysis)] if site]
+
+    def measure(self, site: Site, node: fx.Node, node_args: tuple, device: torch.device) -> dict[str, _Measured]:
+        pack, backward = type(self).pack_kernel, type(self).backward_kernel
+        t_new, ws_new, packed = measure_call(lambda: pack(*self.pack_args(site, node_args[self.compact_arg])),
+                                             device)
+        t_alt, ws_alt, _ = measure_call(lambda: backward(*self.backward_args(site, node_args, packed)), device)
+        out = NewTensor(f"{site.tensors[-1]}__{self.options[1]}",
+                        allocation_bytes(packed.untyped_storage().nbytes(), device.type),
+                        tuple(packed.shape), str(packed.dtype).removeprefix("torch."))
+        return {self.options[1]: _Measured((t_new, ws_new), (t_alt, ws_alt), out)}
+
+    def shapes(self, site: Site, node: fx.Node, fake_mode) -> dict[str, _Measured]:
+        """The option's new tensor, sized on fake tensors; no costs."""
+        value = fx.node.map_arg(node.args[self.compact_arg], lambda n: n.meta["val"])
+        with fake_mode:
+            packed = type(self).pack_kernel(*self.pack_args(site, value))
+        device = packed.device.type
+        out = NewTensor(f"{site.tensors[-1]}__{self.options[1]}", allocation_bytes(packed.untyped_storage().nbytes(),
+                        device), tuple(packed.shape), str(packed.dtype).removeprefix("torch."))
+        return {self.options[1]: _Measured((0.0, 0), (0.0, 0), out)}
+
+    def spec(self, site: Site, problem: Problem, measured: dict[str, _Measured]) -> ChoiceSpec:
+        m = measured[self.options[1]]
+        source = problem.tensor_named(site.tensors[-1])
+        new_op = NewOp(m.out.name, f"monet.{type(self).pack_kernel.__name__}", problem.ops[source.producer].name,
+                       (source.name,), (m.out,), ((0.0, 0, False), (*m.new, True)))
+        backward = problem.op_named(site.nodes[1])
+        alternative = Alternative(site.nodes[1], (
+            (tuple(problem.tensors[t].name for t in backward.inputs), backward.time, backward.workspace),
+            ((site.tensors[0], m.out.name), *m.alt)))
+        return ChoiceSpec(site.choice, self.options, self.approximate, (new_op,), (alternative,))
+
+    def rewrite(self, graph: fx.Graph, nodes: dict[str, fx.Node], site: Site, option: str) -> list[fx.Node]:
+        """Pack right after the node that holds the tensor (in the forward), read the pack in the backward."""
+        source = nodes[site.tensors[-1]]
+        with graph.inserting_after(source):
+            packed = graph.create_node("call_function", type(self).pack_kernel, self.pack_args(site, source),
+                                       name=f"{site.tensors[-1]}__{option}")
+        backward = nodes[site.nodes[1]]
+        backward.target = type(self).backward_kernel
+        backward.args = self.backward_args(site, backward.args, packed)
+        backward.kwargs = {}
+        return [packed]
+
+
+class ReluMask(_BackwardFromCompact):
+    """ReLU's backward from its output (PyTorch), or from a 1-bit mask packed 8 per byte."""
+
+    name, options = "relu", ("output", "mask")
+    backward_target = aten.threshold_backward.default
+    pack_kernel, backward_kernel = kernels.relu_mask, kernels.relu_backward_from_mask
+
+    def match(self, node, analysis):
+        grad, out, threshold = node.args
+        op = _producer(analysis, _tensor(analysis, out))
+        if threshold != 0 or op is None or op.target != "aten.relu.default" or not _tensor(analysis, grad):
+            return None
+        return Site(self.name, f"{op.name}:backward", (op.name, node.name),
+                    (_tensor(analysis, grad), _tensor(analysis, out)))
+
+
+class DropoutMask(_BackwardFromCompact):
+    """Dropout's backward from its bool mask (PyTorch, a byte per element) or the mask packed 8 per byte."""
+
+    name, options = "dropout", ("bytes", "bits")
+    backward_target = aten.native_dropout_backward.default
+    pack_kernel, backward_kernel = kernels.dropout_mask, kernels.dropout_backward_from_mask
+
+    def match(self, node, analysis):
+        grad, mask, scale = node.args
+        op = _producer(analysis, _tensor(analysis, mask))
+        if op is None or op.target != "aten.native_dropout.default" or not _tensor(analysis, grad):
+            return None
+        return Site(self.name, f"{op.name}:mask", (op.name, node.name),
+                    (_tensor(analysis, grad), _tensor(analysis, mask)), (scale,))
+
+
+class PoolOffsets(_BackwardFromCompact):
+    """Max-pool's backward from its input and int64 argmax indices (PyTorch), or from the
+    argmax's offset inside its window, one byte per output element."""
+
+    name, options = "max_pool", ("indices", "offsets")
+    backward_target = aten.max_pool2d_with_indices_backward.default
+    compact_arg = 7
+    pack_kernel, backward_kernel = kernels.pool_offsets, kernels.pool_backward_from_offsets
+
+    def match(self, node, analysis):
+        grad, source, kernel, stride, padding, dilation, ceil_mode, indices = node.args
+        op = _producer(analysis, _tensor(analysis, indices))
+        kernel = _pair(kernel)
+        if (op is None or op.target != "aten.max_pool2d_with_indices.default" or ceil_mode
+                or any(d != 1 for d in dilation) or kernel[0] * kernel[1] > 256 or not _tensor(analysis, grad)):
+            return None
+        hw = tuple(source.meta["val"].shape[-2:])
+        params = (hw, kernel, _pair(stride) if stride else kernel, _pair(padding))
+        return Site(self.name, f"{op.name}:backward", (op.name, node.name),
+                    (_tensor(analysis, grad), _tensor(analysis, indices)), params)
+
+    def pack_args(self, site, value):
+        return (value, *site.params)
+
+
+class GeluCodes(_BackwardFromCompact):
+    """GELU's backward from its input (PyTorch), or, approximate and only when enabled, from a
+    2-bit code of the input's interval with the derivative piecewise constant."""
+
+    name, options, approximate = "gelu", ("exact", "2-bit"), ("2-bit",)
+    backward_target = aten.gelu_backward.default
+    pack_kernel, backward_kernel = kernels.gelu_codes, kernels.gelu_backward_from_codes
+
+    def match(self, node, analysis):
+        grad, source = node.args[:2]
+        x = _tensor(analysis, source)
+        if node.kwargs.get("approximate", "none") != "none" or len(node.args) > 2 or not x:
+            return None
+        problem = analysis.problem
+        forward = [problem.ops[r] for r in problem.readers[problem.tensor_named(x).id]
+                   if problem.ops[r].target == "aten.gelu.default"]
+        if not forward or not _tensor(analysis, grad):
+            return None
+        return Site(self.name, f"{forward[0].name}:backward", (forward[0].name, node.name),
+                    (_tensor(analysis, grad), x))
+
+
+class ConvAlgorithm:
+    """How a convolution (forward or backward) runs: on CPU oneDNN (PyTorch's pick) or PyTorch's own
+    kernels; on CUDA cuDNN's default algorithm or the one cudnn.benchmark times fastest."""
+
+    name = "convolution"
+    approximate = ()
+    _targets = {aten.convolution.default: (kernels.convolution_native, kernels.convolution_benchmarked),
+                aten.convolution_backward.default: (kernels.convolution_backward_native,
+                                                     kernels.convolution_backward_benchmarked)}
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.options = ("cudnn", "cudnn-benchmark") if device.type == "cuda" else ("onednn", "native")
+
+    def find(self, gm, analysis):
+        if self.device.type == "cpu" and not (torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()):
+            return []
+        return [Site(self.name, f"{node.name}:algorithm", (node.name,), ()) for node in gm.graph.nodes
+                if node.op == "call_function" and node.target in self._targets]
+
+    def _kernel(self, target):
+        native, benchmarked = self._targets[target]
+        return benchmarked if self.device.type == "cuda" else native
+
+    def measure(self, site, node, node_args, device):
+        time, workspace, _ = measure_call(lambda: self._kernel(node.target)(*node_args), device)
+        return {self.options[1]: _Measured(alt=(time, workspace))}
+
+    def shapes(self, site, node, fake_mode):
+        return {self.options[1]: _Measured()}
+
+    def spec(self, site, problem, measured):
+        op = problem.op_named(site.nodes[0])
+        inputs = tuple(problem.tensors[t].name for t in op.inputs)
+        alternative = Alternative(op.name, ((inputs, op.time, op.workspace), (inputs, *measured[self.options[1]].alt)))
+        return ChoiceSpec(site.choice, self.options, (), (), (alternative,))
+
+    def rewrite(self, graph, nodes, site, option):
+        node = nodes[site.nodes[0]]
+        node.target = self._kernel(node.target)
+        return []
+
+
+def families(device: torch.device, *, times_measured: bool = True) -> list:
+    """The families that apply on `device`. Convolution algorithms only compete on measured times
+    (the analytic cost model cannot tell them apart)."""
+    found = [ReluMask(), DropoutMask(), PoolOffsets(), GeluCodes()]
+    return found + [ConvAlgorithm(device)] if times_measured else found
+
+
+def structure(analysis: GraphAnalysis, gm: fx.GraphModule) -> Problem:
+    """The analysed problem with every site's choice, sized but not costed: what a schedule's
+    names refer to, without running the model."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    fake_mode = detect_fake_mode([n.meta["val"] for n in placeholders])
+    nodes = {n.name: n for n in gm.graph.nodes}
+    specs = []
+    for family in families(placeholders[0].meta["val"].device):
+        for site in family.find(gm, analysis):
+            specs.append(family.spec(site, analysis.problem, family.shapes(site, nodes[site.nodes[-1]], fake_mode)))
+    return add_choices(analysis.problem, specs)
+
+
+def choice_specs(analysis: GraphAnalysis, gm: fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,
+                 problem: Problem, *, times_measured: bool = True) -> list[ChoiceSpec]:
+    """Every site's choice, its options measured on real tensors (with analytic times for the new
+    kernels unless `times_measured`). Options whose kernels fail here are left out."""
+    by_family = {f.name: f for f in families(x.device, times_measured=times_measured)}
+    sites = {site.nodes[-1]: site for f in by_family.values() for site in f.find(gm, analysis)}
+    measured: dict[str, dict[str, _Measured]] = {}
+
+    def after(node, args, value):
+        site = sites.get(node.name)
+        if site is None:
+            return
+        try:
+            found = by_family[site.family].measure(site, node, args, x.device)
+        except Exception:  # noqa: BLE001 - an option that does not run here is left out
+            return
+        if not times_measured:
+            for m in found.values():
+                m.new = (_roofline(m.out.bytes + problem.tensor_named(site.tensors[-1]).bytes), m.new[1])
+                m.alt = (_roofline(sum(problem.tensor_named(t).bytes for t in site.tensors)), m.alt[1])
+        measured[site.choice] = found
+
+    run_graph(gm, model, x, after)
+    return [by_family[site.family].spec(site, problem, measured[site.choice])
+            for site in sites.values() if site.choice in measured]
+
+
+def _roofline(moved: int) -> float:
+    return moved / BANDWIDTH + LAUNCH
+
+
+def rewrite(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str, str]) -> None:
+    """Rewrite the joint graph of `gm` (as analysed) so that every site runs as `options` says."""
+    graph = gm.graph
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    nodes = {n.name: n for n in graph.nodes}
+    fake_mode = detect_fake_mode([n.meta["val"] for n in placeholders])
+    for family in families(placeholders[0].meta["val"].device):
+        for site in family.find(gm, analysis):
+            option = options.get(site.choice, family.options[0])
+            if option == family.options[0]:
+                continue
+            for new in family.rewrite(graph, nodes, site, option):
+                args = fx.node.map_arg(new.args, lambda n: n.meta["val"])
+                with fake_mode:
+                    new.meta["val"] = new.target(*args)
+                nodes[new.name] = new

@@ -1,0 +1,142 @@
+"""The alternative implementations' kernels, in plain PyTorch (any device).
+
+Each takes and returns tensors only, so it can stand as the target of an fx node
+in the runtime's graphs and run on fake tensors for shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+_BIT_WEIGHTS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def pack_bits(flags: torch.Tensor) -> torch.Tensor:
+    """A bool tensor as bits, 8 per byte (uint8, length ceil(numel / 8))."""
+    flat = flags.reshape(-1)
+    pad = (-flat.numel()) % 8
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    weights = torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8, device=flags.device)
+    return (flat.view(-1, 8).to(torch.uint8) * weights).sum(dim=1, dtype=torch.uint8)
+
+
+def unpack_bits(packed: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The bool tensor of `like`'s shape that `pack_bits` packed."""
+    weights = torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8, device=packed.device)
+    bits = (packed.unsqueeze(1) & weights) != 0
+    return bits.reshape(-1)[: like.numel()].reshape(like.shape)
+
+
+def relu_mask(out: torch.Tensor) -> torch.Tensor:
+    """What ReLU's backward needs of its output: where it is positive, as bits."""
+    return pack_bits(out > 0)
+
+
+def relu_backward_from_mask(grad: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """threshold_backward(grad, out, 0) from the packed mask: the same numbers."""
+    return torch.where(unpack_bits(mask, grad), grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+
+
+def dropout_mask(keep: torch.Tensor) -> torch.Tensor:
+    """Dropout's bool mask (one byte per element) as bits."""
+    return pack_bits(keep)
+
+
+def dropout_backward_from_mask(grad: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """native_dropout_backward(grad, keep, scale) from the packed mask: the same numbers."""
+    return grad * unpack_bits(mask, grad).to(grad.dtype) * scale
+
+
+def pool_offsets(indices: torch.Tensor, input_hw: tuple[int, int], kernel: tuple[int, int],
+                 stride: tuple[int, int], padding: tuple[int, int]) -> torch.Tensor:
+    """Max-pool argmax indices (int64, into each input plane) as offsets inside each window (uint8)."""
+    _, _, oh, ow = indices.shape
+    width = input_hw[1]
+    rows = torch.arange(oh, device=indices.device).view(-1, 1) * stride[0] - padding[0]
+    cols = torch.arange(ow, device=indices.device).view(1, -1) * stride[1] - padding[1]
+    return ((indices // width - rows) * kernel[1] + (indices % width - cols)).to(torch.uint8)
+
+
+def pool_backward_from_offsets(grad: torch.Tensor, offsets: torch.Tensor, input_hw: tuple[int, int],
+                               kernel: tuple[int, int], stride: tuple[int, int],
+                               padding: tuple[int, int]) -> torch.Tensor:
+    """max_pool2d_with_indices_backward from window offsets: scatter each gradient to its argmax."""
+    n, c, oh, ow = grad.shape
+    height, width = input_hw
+    offsets = offsets.to(torch.int64)
+    rows = torch.arange(oh, device=grad.device).view(-1, 1) * stride[0] - padding[0] + offsets // kernel[1]
+    cols = torch.arange(ow, device=grad.device).view(1, -1) * stride[1] - padding[1] + offsets % kernel[1]
+    index = (rows * width + cols).view(n, c, -1)
+    out = torch.zeros(n, c, height * width, dtype=grad.dtype, device=grad.device)
+    return out.scatter_add_(2, index, grad.reshape(n, c, -1)).view(n, c, height, width)
+
+
+# GELU's derivative, approximated by four levels chosen by where x falls (a 2-bit code per element).
+_GELU_EDGES = (-1.0, 0.0, 1.0)
+_GELU_LEVELS = (-0.1052, 0.182, 0.818, 1.1052)  # mean derivative over each interval, x ~ N(0, 1)
+
+
+def gelu_codes(x: torch.Tensor) -> torch.Tensor:
+    """2-bit codes of x's interval for the approximate GELU backward, 4 per byte."""
+    edges = torch.tensor(_GELU_EDGES, dtype=x.dtype, device=x.device)
+    code = torch.bucketize(x.reshape(-1), edges).to(torch.uint8)
+    pad = (-code.numel()) % 4
+    if pad:
+        code = torch.cat([code, code.new_zeros(pad)])
+    code = code.view(-1, 4)
+    return code[:, 0] | (code[:, 1] << 2) | (code[:, 2] << 4) | (code[:, 3] << 6)
+
+
+def gelu_backward_from_codes(grad: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """GELU's backward with its derivative replaced by the level of each element's interval."""
+    shifts = torch.tensor((0, 2, 4, 6), dtype=torch.uint8, device=codes.device)
+    code = ((codes.unsqueeze(1) >> shifts) & 3).reshape(-1)[: grad.numel()].to(torch.int64)
+    levels = torch.tensor(_GELU_LEVELS, dtype=grad.dtype, device=grad.device)
+    return grad * levels[code].view(grad.shape)
+
+
+@contextlib.contextmanager
+def _onednn(enabled: bool):
+    before = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(enabled)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(before)
+
+
+def convolution_native(*args):
+    """aten.convolution without oneDNN (PyTorch's own CPU kernels)."""
+    with _onednn(False):
+        return torch.ops.aten.convolution.default(*args)
+
+
+def convolution_backward_native(*args):
+    """aten.convolution_backward without oneDNN."""
+    with _onednn(False):
+        return torch.ops.aten.convolution_backward.default(*args)
+
+
+@contextlib.contextmanager
+def _cudnn_benchmark():
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def convolution_benchmarked(*args):
+    """aten.convolution with cuDNN's algorithm chosen by timing (cudnn.benchmark)."""
+    with _cudnn_benchmark():
+        return torch.ops.aten.convolution.default(*args)
+
+
+def convolution_backward_benchmarked(*args):
+    """aten.convolution_backward with cuDNN's algorithms chosen by timing."""
+    with _cudnn_benchmark():
+        return torch.ops.aten.convolution_backward.default(*args)
