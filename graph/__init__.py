@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
+
 from monet.solver import Problem
 from monet.solver.edit import add_choices
 

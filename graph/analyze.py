@@ -14,9 +14,10 @@ import operator
 from dataclasses import dataclass
 
 import torch
-from monet.solver import Op, Problem, Tensor
 from torch._functorch._aot_autograd import descriptors as d
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from monet.solver import Op, Problem, Tensor
 
 _INPUT_ROLES = {d.ParamAOTInput: "param", d.BufferAOTInput: "buffer", d.PlainAOTInput: "input",
                 d.TangentAOTInput: "tangent"}

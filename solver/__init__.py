@@ -10,7 +10,7 @@ from .simulate import Replay, simulate
 from .solve import FORMULATIONS, least_peak, solve
 
 __all__ = [
-    "Choice", "Impl", "InfeasibleBudgetError", "LeastPeak", "Op", "Problem", "ProblemError", "Replay", "Schedule", "ScheduleError",
-    "Solution", "SolverFailedError", "Tensor", "format_bytes", "keep_all", "least_peak", "simulate",
+    "Choice", "Impl", "InfeasibleBudgetError", "LeastPeak", "Op", "Problem", "ProblemError", "Replay", "Schedule",
+    "ScheduleError", "Solution", "SolverFailedError", "Tensor", "format_bytes", "keep_all", "least_peak", "simulate",
     "solve", "validate", "FORMULATIONS",
 ]

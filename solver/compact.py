@@ -31,7 +31,6 @@ from .formulation import Formulation, Terms
 from .problem import Problem
 
 
-
 class Compact(Formulation):
     def __init__(self, problem: Problem, budget: int | None, *, allow_approximate: bool = False,
                  options: dict[str, str] | None = None):

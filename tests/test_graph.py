@@ -2,8 +2,9 @@
 
 import torch
 from conftest import small_model
-from monet.graph import InputSpec, TracedStep, analyze, costed_problem
 from torch import nn
+
+from monet.graph import InputSpec, TracedStep, analyze, costed_problem
 
 
 def analysed(model, shape, requires_grad=False):

@@ -5,8 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from monet.solver import Op, Problem, ProblemError, Tensor
 from synthetic import chain, random_dag
+
+from monet.solver import Op, Problem, ProblemError, Tensor
 
 
 def test_json_round_trip_keeps_everything():

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+
 from monet.schedules import ScheduleFile, ScheduleFileError, load_schedule
 
 

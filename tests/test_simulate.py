@@ -1,8 +1,9 @@
 """The simulator's accounting, checked by hand on tiny problems."""
 
 import pytest
-from monet.solver import Schedule, ScheduleError, keep_all, simulate
 from synthetic import _Builder, chain
+
+from monet.solver import Schedule, ScheduleError, keep_all, simulate
 
 
 def two_layers():
