@@ -74,6 +74,25 @@ def pool_backward_from_offsets(grad: torch.Tensor, offsets: torch.Tensor, input_
     return out.scatter_add_(2, index, grad.reshape(n, c, -1)).view(n, c, height, width)
 
 
+BN_WEIGHT_FLOOR = 1e-6  # |weight| below this is taken as this when reconstructing from the output
+
+
+def batch_norm_backward_from_output(grad: torch.Tensor, out: torch.Tensor, weight: torch.Tensor,
+                                    bias: torch.Tensor, save_mean: torch.Tensor, save_invstd: torch.Tensor,
+                                    eps: float, output_mask: list[bool]) -> tuple:
+    """native_batch_norm_backward (training) from the output instead of the input, which it rebuilds
+    as out / (weight * invstd) + mean - bias / (weight * invstd), so the input need not be kept
+    (In-place ABN). Exact up to rounding while every |weight| is at least BN_WEIGHT_FLOOR; a
+    smaller weight is floored there."""
+    shape = (1, -1) + (1,) * (out.dim() - 2)
+    floor = torch.full_like(weight, BN_WEIGHT_FLOOR)
+    safe = torch.where(weight.abs() < BN_WEIGHT_FLOOR, torch.copysign(floor, weight), weight)
+    scale = 1 / (safe * save_invstd)
+    rebuilt = torch.addcmul((save_mean - bias * scale).view(shape), out, scale.view(shape))
+    return torch.ops.aten.native_batch_norm_backward.default(grad, rebuilt, weight, None, None, save_mean,
+                                                             save_invstd, True, eps, output_mask)
+
+
 # GELU's derivative, approximated by four levels chosen by where x falls (a 2-bit code per element).
 _GELU_EDGES = (-1.0, 0.0, 1.0)
 _GELU_LEVELS = (-0.1052, 0.182, 0.818, 1.1052)  # mean derivative over each interval, x ~ N(0, 1)

@@ -31,36 +31,41 @@ def trace_problem(model: nn.Module, spec: InputSpec, *, cost_model: str = "measu
 
 def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | float, *,
           input_dtype: str = "float32", input_requires_grad: bool = False, cost_model: str = "measured",
-          implementations: bool = True, allow_approximate: bool = False, formulation: str = "compact",
-          time_limit: float = 60.0, progress: Progress | None = None, solver_log: bool = False) -> ScheduleFile:
+          implementations: bool = True, allow_approximate: bool = False, options: dict[str, str] | None = None,
+          formulation: str = "compact", time_limit: float = 60.0, progress: Progress | None = None,
+          solver_log: bool = False) -> ScheduleFile:
     """The fastest schedule for training `model` on `input_shape` within `budget`.
 
     `budget` is bytes, a size string ('4GiB') or a percentage of the unconstrained peak ('50%').
     With `implementations` the solver also chooses how ops run (ReLU/dropout masks, max-pool
-    offsets, convolution algorithms); off, it only checkpoints. Options that change gradients
-    (few-bit GELU) need `allow_approximate`. `formulation` is "compact" (each tensor recomputed
-    at most once; scales) or "general" (any number of recomputations, no implementation
-    choices; reaches lower budgets on small graphs). `solver_log` prints HiGHS's progress.
+    offsets, batch norm from its output), jointly with what to keep; off, it only checkpoints.
+    Options that change gradients (few-bit GELU, other convolution algorithms) need
+    `allow_approximate`; their measured error is recorded in the schedule. `options` fixes
+    implementations ({choice: option}, named as in a schedule's "options"). `formulation` is
+    "compact" (each tensor recomputed at most once; scales) or "general" (any number of
+    recomputations, no implementation choices; reaches lower budgets on small graphs).
+    `solver_log` prints HiGHS's progress.
     Nothing is written; call `.save(path)` on the result to keep it.
     """
     spec = InputSpec(tuple(input_shape), input_dtype, input_requires_grad)
-    problem = trace_problem(model, spec, cost_model=cost_model, implementations=implementations,
+    problem = trace_problem(model, spec, cost_model=cost_model, implementations=implementations or bool(options),
                             progress=progress)
     if progress:
         progress("solving", 0, None)
     return solve_traced(problem, budget, type(model).__name__, implementations=implementations,
-                        allow_approximate=allow_approximate, formulation=formulation, time_limit=time_limit,
-                        solver_log=solver_log)
+                        allow_approximate=allow_approximate, options=options, formulation=formulation,
+                        time_limit=time_limit, solver_log=solver_log)
 
 
 def solve_traced(problem: Problem, budget: str | int | float, model_name: str, *, implementations: bool = True,
-                 allow_approximate: bool = False, formulation: str = "compact", time_limit: float = 60.0,
+                 allow_approximate: bool = False, options: dict[str, str] | None = None,
+                 formulation: str = "compact", time_limit: float = 60.0,
                  solver_log: bool = False) -> ScheduleFile:
     """`solve` on an already traced and costed problem (to solve several variants of one)."""
     unconstrained = simulate(problem, keep_all(problem))
     solution = solve_problem(problem, parse_budget(budget, unconstrained.peak), formulation=formulation,
                              implementations=implementations, allow_approximate=allow_approximate,
-                             time_limit=time_limit, verbose=solver_log)
+                             options=options, time_limit=time_limit, verbose=solver_log)
     meta = problem.meta
     decisions = solution.schedule.to_dict(problem)
     return ScheduleFile(
@@ -74,8 +79,8 @@ def solve_traced(problem: Problem, budget: str | int | float, model_name: str, *
         cost_model=meta["cost_model"],
         graph={"fingerprint": meta["fingerprint"], "ops": [[op.name, op.target, op.phase] for op in problem.ops]},
         schedule={"options": decisions["options"],
-                  "approximate": sorted(c for c, o in decisions["options"].items()
-                                        if o in problem.choice_named[c].approximate),
+                  "approximate": {c: problem.choice_named[c].error(o) for c, o in sorted(decisions["options"].items())
+                                  if o in problem.choice_named[c].approximate},
                   "saved": {name: problem.tensor_named(name).bytes for name in decisions["saved"]},
                   "backward": decisions["backward"]},
     )

@@ -46,7 +46,8 @@ def _progress():
         yield update
 
 
-def _shape(text: str) -> tuple[int, ...]:
+def parse_shape(text: str) -> tuple[int, ...]:
+    """An input shape as people type it: 32,3,224,224 or 32x3x224x224."""
     try:
         shape = tuple(int(s) for s in text.replace("x", ",").split(",") if s.strip())
     except ValueError:
@@ -76,14 +77,14 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="solve and train the bundled CNN at 50%% of its peak, next to PyTorch")
     demo.add_argument("--budget", default="50%", help="budget, as bytes (4GiB) or %% of the unconstrained "
                       "peak. Default: 50%%")
-    demo.add_argument("--input-shape", type=_shape, default=BUNDLED["cnn"].input_shape,
+    demo.add_argument("--input-shape", type=parse_shape, default=BUNDLED["cnn"].input_shape,
                       help="batch shape. Default: %(default)s")
     demo.add_argument("--steps", type=int, default=10, help="timed training steps per run. Default: 10")
     _solve_options(demo)
 
     solve_p = sub.add_parser("solve", help="solve a schedule for a model, input shape and budget")
     solve_p.add_argument("model", help=f"bundled model ({', '.join(BUNDLED)}) or package.module:factory")
-    solve_p.add_argument("--input-shape", type=_shape, required=True, help="e.g. 32,3,224,224")
+    solve_p.add_argument("--input-shape", type=parse_shape, required=True, help="e.g. 32,3,224,224")
     solve_p.add_argument("--budget", required=True, help="bytes (4GiB, 512MB) or %% of the unconstrained peak")
     solve_p.add_argument("-o", "--output", required=True, help="schedule file to write (JSON)")
     solve_p.add_argument("--input-dtype", default="float32", help="dtype of the input. Default: float32")

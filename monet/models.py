@@ -112,11 +112,30 @@ class Transformer(nn.Module):
         return self.norm(self.blocks(x))
 
 
+class DistilBertQA(nn.Module):
+    """DistilBERT for extractive question answering (transformers, built from its config: no
+    download), taking token ids and returning start and end logits stacked (batch, 2, tokens).
+    Needs the `transformers` package (pip install "monet[transformers]")."""
+
+    def __init__(self, **config):
+        super().__init__()
+        try:
+            from transformers import DistilBertConfig, DistilBertForQuestionAnswering
+        except ImportError as exc:
+            raise ValueError("the distilbert model needs transformers: pip install 'monet[transformers]'") from exc
+        self.model = DistilBertForQuestionAnswering(DistilBertConfig(**config))
+
+    def forward(self, ids):
+        out = self.model(input_ids=ids)
+        return torch.stack((out.start_logits, out.end_logits), dim=1)
+
+
 @dataclass(frozen=True)
 class Bundled:
     factory: Callable[[], nn.Module]
     input_shape: tuple[int, ...]
     about: str
+    input_dtype: str = "float32"
 
 
 BUNDLED: dict[str, Bundled] = {
@@ -124,6 +143,8 @@ BUNDLED: dict[str, Bundled] = {
                    "ResNet-style CNN: 7 residual blocks with conv, BN, ReLU, adds, max/avg pooling, linear"),
     "mlp": Bundled(MLP, (2048, 32), "32-layer MLP with ReLU, dropout before the head"),
     "transformer": Bundled(Transformer, (8, 128, 128), "4 pre-norm transformer blocks (attention, GELU MLP, dropout)"),
+    "distilbert": Bundled(DistilBertQA, (8, 384), "DistilBERT question answering (66 M parameters; int64 token ids)",
+                          "int64"),
 }
 
 

@@ -12,6 +12,7 @@ after its last use, which is what the simulator assumes.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import fx
@@ -73,8 +74,9 @@ class ExecutionPlan:
         return cls(analysis, dict(schedule.options), tuple(saved), steps, derived)
 
 
-def make_partition(plan: ExecutionPlan):
-    """An AOTAutograd partition_fn that splits the joint graph as `plan` says."""
+def make_partition(plan: ExecutionPlan, on_split: Callable[[fx.GraphModule, fx.GraphModule], None] | None = None):
+    """An AOTAutograd partition_fn that splits the joint graph as `plan` says; `on_split` sees
+    the forward and backward modules it makes."""
 
     def partition(joint_module: fx.GraphModule, _joint_inputs, *, num_fwd_outputs: int, **_):
         got = fingerprint(joint_module)
@@ -109,7 +111,10 @@ def make_partition(plan: ExecutionPlan):
         )
         tangents = [p for p in placeholders if _is_tangent(p)]
         bw_graph = _backward_graph(plan, nodes, saved + tangents, bwd_outputs, bwd_descs)
-        return fx.GraphModule(joint_module, fw_graph), fx.GraphModule(joint_module, bw_graph)
+        modules = fx.GraphModule(joint_module, fw_graph), fx.GraphModule(joint_module, bw_graph)
+        if on_split:
+            on_split(*modules)
+        return modules
 
     return partition
 

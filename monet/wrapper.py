@@ -20,7 +20,8 @@ class MONeTWrapper(nn.Module):
     `solution_file` is a path, the name of a bundled schedule, or a ScheduleFile
     (as `monet.solve` returns). The model is traced once here and checked
     against the schedule; every training step then runs the compiled schedule.
-    In eval mode or under torch.no_grad the plain model runs.
+    In eval mode or under torch.no_grad the plain model runs. `graphs` holds the forward and
+    backward fx modules that run (to see what is saved, recomputed and how each op runs).
     """
 
     def __init__(self, model: nn.Module, solution_file: str | os.PathLike | ScheduleFile,
@@ -36,11 +37,15 @@ class MONeTWrapper(nn.Module):
             problem = structure(analysis, step.graph_module)
             schedule = Schedule.from_dict(problem, plan_file.schedule)
             validate(problem, schedule)
-            self._step = step.compile(make_partition(ExecutionPlan.build(analysis, problem, schedule)))
+            self._step = step.compile(make_partition(ExecutionPlan.build(analysis, problem, schedule),
+                                                     self._keep_graphs))
             self._param_names = step.param_names
             self._buffer_names = step.buffer_names
         self.spec = spec
         self.schedule_file = plan_file
+
+    def _keep_graphs(self, forward: torch.fx.GraphModule, backward: torch.fx.GraphModule) -> None:
+        self.graphs = {"forward": forward, "backward": backward}
 
     def forward(self, x: torch.Tensor):
         if not (self.training and torch.is_grad_enabled()):

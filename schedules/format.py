@@ -61,13 +61,32 @@ _SCHEMA = {
             "type": "object", "required": ["saved", "backward"],
             "properties": {
                 "options": {"type": "object", "additionalProperties": {"type": "string"}},
-                "approximate": {"type": "array", "items": {"type": "string"}},
+                "approximate": {"type": "object", "additionalProperties": {"type": ["number", "null"]}},
                 "saved": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
                 "backward": {"type": "array", "items": {"type": "string"}},
             },
         },
     },
 }
+
+
+def write_json(path: str | os.PathLike, data: object) -> Path:
+    """Write `data` as JSON atomically (a temporary file in the same folder, then a rename), so
+    that a failed or interrupted write leaves nothing half-written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 class ScheduleFileError(ValueError):
@@ -86,7 +105,9 @@ class ScheduleFile:
     solver: dict
     cost_model: str
     graph: dict  # {"fingerprint": str, "ops": [[name, target, phase], ...]}
-    schedule: dict  # {"options": {choice: option}, "approximate": [choice], "saved": {tensor: bytes}, "backward": [op]}
+    # {"options": {choice: option}, "approximate": {choice: measured relative gradient error},
+    #  "saved": {tensor: bytes}, "backward": [op]}
+    schedule: dict
     format: str = FORMAT
     version: int = VERSION
 
@@ -94,21 +115,7 @@ class ScheduleFile:
         return asdict(self)
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write atomically: a temporary file in the same folder, then a rename."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_dict(), f, indent=1)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, data: object, source: str = "schedule") -> ScheduleFile:

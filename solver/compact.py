@@ -224,10 +224,10 @@ class Compact(Formulation):
             for j, impl in enumerate(op.impls if op.choice else ()):
                 memory.add_time(self.option_var[(op.choice, j)], impl.time if impl.runs else 0.0)
 
-    def warm_start(self, dropped: frozenset[int]) -> dict[int, float]:
-        """Values of the binaries for a first-need schedule that drops `dropped`, first options."""
+    def warm_start(self, dropped: frozenset[int], options: dict[str, str]) -> dict[int, float]:
         values = {var: float(t in dropped) for t, var in self.drop.items()}
-        values.update({var: float(j == 0) for (_, j), var in self.option_var.items()})
+        chosen = {c.name: c.options.index(options.get(c.name, c.options[0])) for c in self.problem.choices}
+        values.update({var: float(j == chosen[c]) for (c, j), var in self.option_var.items()})
         return values
 
     def options(self, values: np.ndarray) -> dict[str, str]:

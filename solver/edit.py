@@ -47,6 +47,7 @@ class ChoiceSpec:
     name: str
     options: tuple[str, ...]
     approximate: tuple[str, ...] = ()
+    errors: tuple[float, ...] = ()  # measured relative gradient error of each approximate option
     new_ops: tuple[NewOp, ...] = ()
     alternatives: tuple[Alternative, ...] = ()
 
@@ -87,7 +88,7 @@ def add_choices(problem: Problem, specs: list[ChoiceSpec]) -> Problem:
     op_id = {op.name: op.id for op in ops}
     producer = {t: op.id for op in ops for t in op.outputs}
     tensors = [replace(t, producer=producer.get(t.id)) for t in tensors]
-    choices = [*problem.choices, *(Choice(s.name, s.options, s.approximate) for s in specs)]
+    choices = [*problem.choices, *(Choice(s.name, s.options, s.approximate, s.errors) for s in specs)]
     missing = [new.after for spec in specs for new in spec.new_ops if new.after not in op_id]
     if missing:
         raise ProblemError(f"new ops placed after unknown ops {missing}")

@@ -65,8 +65,9 @@ class Formulation:
         """Choice -> option taken, in a solution (none: every choice takes its first option)."""
         return {}
 
-    def warm_start(self, dropped: frozenset[int]) -> dict[int, float] | None:
-        """Binary values of the first-need schedule that drops `dropped`, if this formulation has them."""
+    def warm_start(self, dropped: frozenset[int], options: dict[str, str]) -> dict[int, float] | None:
+        """Binary values of the first-need schedule that drops `dropped` and runs ops as `options`
+        say, if this formulation has them."""
         return None
 
     def schedule(self, values: np.ndarray) -> Schedule:

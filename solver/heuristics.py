@@ -1,7 +1,8 @@
-"""Schedules without a solver: rerun dropped tensors at their first need; Chen's greedy keep sets.
+"""Schedules without a solver: rerun dropped tensors at their first need; Chen's greedy keep sets;
+the leanest way to run every op.
 
 `recompute_at_first_need` is the schedule class of the compact formulation,
-so a keep set found here is a valid starting point (warm start) for it.
+so a keep set found here (with its options) is a valid starting point (warm start) for it.
 """
 
 from __future__ import annotations
@@ -81,8 +82,31 @@ def chen_candidates(problem: Problem) -> list[frozenset[int]]:
     return sorted(out, key=len)
 
 
+def lean_options(problem: Problem, *, allow_approximate: bool = False) -> dict[str, str]:
+    """Per choice, the option under which its ops hold the least: the bytes its backward ops
+    read plus every workspace (ties: the faster). Masks and packed indices win over the
+    tensors they stand for; the convolution algorithm with the smallest temporaries wins."""
+    by_choice: dict[str, list] = {}
+    for op in problem.ops:
+        if op.choice is not None:
+            by_choice.setdefault(op.choice, []).append(op)
+    def footprint(ops: list, j: int) -> tuple[int, float]:
+        impls = [(op, op.impl(j)) for op in ops]
+        read = {t for op, impl in impls if impl.runs and op.phase == "backward" for t in impl.inputs}
+        return (sum(problem.tensors[t].bytes for t in read) + sum(impl.workspace for _, impl in impls),
+                sum(impl.time for _, impl in impls if impl.runs))
+
+    out = {}
+    for choice in problem.choices:
+        ops = by_choice.get(choice.name, [])
+        allowed = [j for j, name in enumerate(choice.options) if allow_approximate or name not in choice.approximate]
+        out[choice.name] = choice.options[min(allowed, key=lambda j, ops=ops: footprint(ops, j))]
+    return out
+
+
 def best_first_need(problem: Problem, budget: int) -> tuple[frozenset[int], Replay] | None:
-    """The fastest of Chen's candidate drop sets whose first-need schedule fits `budget`."""
+    """The fastest of Chen's candidate drop sets whose first-need schedule fits `budget`
+    (on a problem without choices)."""
     best = None
     for dropped in chen_candidates(problem):
         replay = simulate(problem, recompute_at_first_need(problem, dropped))
@@ -91,4 +115,19 @@ def best_first_need(problem: Problem, budget: int) -> tuple[frozenset[int], Repl
     return best
 
 
-__all__ = ["best_first_need", "chen_candidates", "recompute_at_first_need", "segment_cuts"]
+def warm_starts(problem: Problem, budget: int, option_sets: list[dict[str, str]]
+                ) -> tuple[frozenset[int], dict[str, str], float] | None:
+    """The fastest first-need schedule that fits `budget` with any of `option_sets`:
+    (dropped tensor ids of `problem`, options, time)."""
+    best = None
+    for options in option_sets:
+        plain = problem.resolve(options)
+        found = best_first_need(plain, budget)
+        if found and (best is None or found[1].time < best[2]):
+            dropped = frozenset(problem.tensor_named(plain.tensors[t].name).id for t in found[0])
+            best = (dropped, options, found[1].time)
+    return best
+
+
+__all__ = ["best_first_need", "chen_candidates", "lean_options", "recompute_at_first_need", "segment_cuts",
+           "warm_starts"]

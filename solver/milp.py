@@ -129,6 +129,8 @@ class Milp:
             values[mask] = np.asarray(var.value, dtype=float)
         info = problem.solver_stats.extra_stats
         objective_value = float(info.objective_function_value)
+        if not np.isfinite(objective_value):  # stopped before any incumbent; the values are not a solution
+            return MilpResult(status, None, np.inf, -np.inf, np.inf, seconds)
         bound = float(info.mip_dual_bound) if np.isfinite(info.mip_dual_bound) else objective_value
         gap = float(info.mip_gap) if np.isfinite(info.mip_gap) else 0.0
         return MilpResult("optimal" if status.startswith("optimal") else "time_limit", values, objective_value,

@@ -58,11 +58,19 @@ class Impl:
 @dataclass(frozen=True)
 class Choice:
     """A decision taken once per step, such as how one ReLU's backward gets its mask.
-    The first option is PyTorch's own; `approximate` options change the gradients."""
+    The first option is PyTorch's own; `approximate` options change the gradients, by the
+    relative error `errors` (one per approximate option, as measured when profiling; may be empty)."""
 
     name: str
     options: tuple[str, ...]
     approximate: tuple[str, ...] = ()
+    errors: tuple[float, ...] = ()
+
+    def error(self, option: str) -> float | None:
+        """The measured relative gradient error of an approximate option, if known."""
+        if option not in self.approximate or len(self.errors) != len(self.approximate):
+            return None
+        return self.errors[self.approximate.index(option)]
 
 
 @dataclass(frozen=True)
@@ -255,7 +263,8 @@ class Problem:
                       "others": tuple(Impl(**{**i, "inputs": tuple(i["inputs"])}) for i in op.get("others", ()))})
                 for op in data["ops"]
             ]
-            choices = [Choice(c["name"], tuple(c["options"]), tuple(c.get("approximate", ())))
+            choices = [Choice(c["name"], tuple(c["options"]), tuple(c.get("approximate", ())),
+                              tuple(c.get("errors", ())))
                        for c in data.get("choices", ())]
         except (KeyError, TypeError) as exc:
             raise ProblemError(f"malformed problem: {exc}") from exc

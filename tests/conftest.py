@@ -14,18 +14,60 @@ SMALL = {
     "cnn": ({}, (16, 3, 32, 32)),
     "mlp": ({"hidden": 64, "depth": 24}, (1024, 32)),
     "transformer": ({"dim": 64, "depth": 3}, (4, 64, 64)),
+    "distilbert": ({"n_layers": 2, "dim": 64, "hidden_dim": 128, "n_heads": 4, "vocab_size": 1000,
+                    "max_position_embeddings": 128}, (4, 64)),
 }
+INPUT_DTYPE = {"distilbert": "int64"}
 
 
 def small_model(name: str):
     import torch
 
-    from monet.models import MLP, ResidualCNN, Transformer
+    from monet.models import MLP, DistilBertQA, ResidualCNN, Transformer
 
     torch.manual_seed(0)
     kwargs, shape = SMALL[name]
-    factory = {"cnn": ResidualCNN, "mlp": MLP, "transformer": Transformer}[name]
+    factory = {"cnn": ResidualCNN, "mlp": MLP, "transformer": Transformer, "distilbert": DistilBertQA}[name]
     return factory(**kwargs), shape
+
+
+def small_batch(name: str, seed: int = 1):
+    """A batch for the small model `name`: normal floats, or token ids."""
+    import torch
+
+    _, shape = SMALL[name]
+    gen = torch.Generator().manual_seed(seed)
+    if INPUT_DTYPE.get(name) == "int64":
+        return torch.randint(0, SMALL[name][0]["vocab_size"], shape, generator=gen)
+    return torch.randn(shape, generator=gen)
+
+
+def gradient_errors(wrapped, model, reference, x) -> dict[str, float]:
+    """Relative errors of `wrapped` (training `model`) against `reference` on one weighted-sum
+    backward from `x`: the output, the input's gradient (if the schedule wants one) and every
+    parameter's."""
+    import torch
+
+    outputs, input_grads, weights = [], [], None
+    for module in (wrapped, reference):
+        torch.manual_seed(2)  # the same dropout masks
+        xi = x.clone().requires_grad_(wrapped.spec.requires_grad)
+        out = module(xi)
+        if weights is None:
+            weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+        (out * weights).sum().backward()
+        outputs.append(out.detach())
+        input_grads.append(xi.grad)
+    errors = {"output": rel_err(*outputs)}
+    if wrapped.spec.requires_grad:
+        errors["input"] = rel_err(*input_grads)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        errors[name] = rel_err(p.grad, q.grad)
+    return errors
+
+
+def rel_err(a, b) -> float:
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def pytest_configure(config):

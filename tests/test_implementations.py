@@ -1,0 +1,138 @@
+"""Implementation choices on real models: every exact option trains exactly like PyTorch, the
+approximate one only runs when allowed and reports its error, and choosing jointly with
+checkpointing never predicts a slower step than checkpointing alone."""
+
+import copy
+
+import pytest
+import torch
+from conftest import INPUT_DTYPE, gradient_errors, small_batch, small_model
+
+from monet import MONeTWrapper, PeakMemory, resident_bytes
+from monet.api import solve_traced, trace_problem
+from monet.graph import InputSpec, kernels
+
+# option -> (small model that has it, kernel the rewritten graph must run)
+EXACT = {
+    "mask": ("cnn", kernels.relu_backward_from_mask),
+    "offsets": ("cnn", kernels.pool_backward_from_offsets),
+    "output": ("cnn", kernels.batch_norm_backward_from_output),
+    "bits": ("transformer", kernels.dropout_backward_from_mask),
+}
+
+_PROBLEMS = {}
+
+
+def traced(name, cost_model="analytic"):
+    """The small model, its shape, and its costed problem (traced once per module)."""
+    model, shape = small_model(name)
+    key = (name, cost_model)
+    if key not in _PROBLEMS:
+        _PROBLEMS[key] = trace_problem(model, InputSpec(shape, INPUT_DTYPE.get(name, "float32")),
+                                       cost_model=cost_model)
+    return model, shape, _PROBLEMS[key]
+
+
+def forcing(problem, option):
+    """Every choice that offers `option` takes it; every other takes PyTorch's."""
+    return {c.name: option if option in c.options else c.options[0] for c in problem.choices}
+
+
+def targets(module):
+    return {node.target for node in module.graph.nodes}
+
+
+@pytest.mark.parametrize("option", sorted(EXACT))
+def test_each_exact_option_trains_like_pytorch(option):
+    name, kernel = EXACT[option]
+    model, shape, problem = traced(name)
+    forced = forcing(problem, option)
+    reference = copy.deepcopy(model)
+    schedule = solve_traced(problem, "70%", type(model).__name__, options=forced, time_limit=30)
+    def changed(options):
+        return {c: o for c, o in options.items() if o != problem.choice_named[c].options[0]}
+    assert changed(schedule.schedule["options"]) == changed(forced) != {}
+    wrapped = MONeTWrapper(model, schedule, shape)
+    assert kernel in targets(wrapped.graphs["backward"])  # the schedule's option is what runs
+    errors = gradient_errors(wrapped, model, reference, small_batch(name))
+    assert max(errors.values()) < 1e-5, errors
+
+
+def test_distilbert_trains_like_pytorch_with_packed_dropout_masks():
+    model, shape, problem = traced("distilbert")
+    reference = copy.deepcopy(model)
+    schedule = solve_traced(problem, "60%", type(model).__name__, options=forcing(problem, "bits"), time_limit=30)
+    assert schedule.predicted["peak"] <= schedule.budget
+    wrapped = MONeTWrapper(model, schedule, shape)
+    assert kernels.dropout_backward_from_mask in targets(wrapped.graphs["backward"])
+    errors = gradient_errors(wrapped, model, reference, small_batch("distilbert"))
+    assert max(errors.values()) < 1e-5, errors
+
+
+def test_approximate_gelu_only_when_allowed_and_its_error_is_reported():
+    model, shape, problem = traced("transformer")
+    gelus = [c for c in problem.choices if "2bit" in c.approximate]
+    assert gelus and all(0 < c.error("2bit") < 0.5 for c in gelus)  # measured while profiling
+    exact = solve_traced(problem, "60%", "Transformer", time_limit=30)
+    assert "2bit" not in exact.schedule["options"].values() and exact.schedule["approximate"] == {}
+    with pytest.raises(ValueError, match="changes gradients"):
+        solve_traced(problem, "60%", "Transformer", options=forcing(problem, "2bit"), time_limit=30)
+    approx = solve_traced(problem, "60%", "Transformer", options=forcing(problem, "2bit"),
+                          allow_approximate=True, time_limit=30)
+    assert approx.solver["approximate_allowed"]
+    assert set(approx.schedule["approximate"]) == {c.name for c in gelus}
+    assert all(0 < err < 0.5 for err in approx.schedule["approximate"].values())
+    reference = copy.deepcopy(model)
+    wrapped = MONeTWrapper(model, approx, shape)
+    assert kernels.gelu_backward_from_codes in targets(wrapped.graphs["backward"])
+    errors = gradient_errors(wrapped, model, reference, small_batch("transformer"))
+    assert errors.pop("output") < 1e-6  # the forward is exact
+    assert 1e-5 < max(errors.values()) < 0.5, errors  # gradients change, within reason
+
+
+def test_other_convolution_algorithms_are_approximate_with_their_error_measured():
+    model, shape, problem = traced("cnn", "measured")
+    convs = [c for c in problem.choices if c.name.endswith(":algorithm")]
+    if not convs:
+        pytest.skip("one convolution implementation on this machine")
+    assert all(c.approximate == c.options[1:] and 0 <= c.error(c.options[1]) < 1e-4 for c in convs)
+    schedule = solve_traced(problem, "100%", "ResidualCNN", time_limit=30)
+    assert all(schedule.schedule["options"].get(c.name, c.options[0]) == c.options[0] for c in convs)
+    approx = solve_traced(problem, "100%", "ResidualCNN", options=forcing(problem, convs[0].options[1]),
+                          allow_approximate=True, time_limit=30)
+    assert set(approx.schedule["approximate"]) == {c.name for c in convs}
+    wrapped = MONeTWrapper(model, approx, shape)
+    assert kernels.convolution_backward_native in targets(wrapped.graphs["backward"])
+    errors = gradient_errors(wrapped, model, copy.deepcopy(model), small_batch("cnn"))
+    assert errors["output"] < 1e-4 and max(errors.values()) < 0.05, errors
+
+
+def test_joint_choice_is_never_slower_than_checkpointing_and_runs_within_budget():
+    model, shape, problem = traced("cnn")
+    joint = solve_traced(problem, "70%", "ResidualCNN", time_limit=20)
+    alone = solve_traced(problem, "70%", "ResidualCNN", implementations=False, time_limit=20)
+    assert all(o == problem.choice_named[c].options[0] for c, o in alone.schedule["options"].items())
+    assert joint.predicted["time"] <= alone.predicted["time"] * (1 + 1e-4) + 1e-9
+    wrapped = MONeTWrapper(model, joint, shape)
+    x = small_batch("cnn")
+    model.zero_grad(set_to_none=True)
+    with PeakMemory("cpu", resident_bytes(model, x)) as meter:
+        wrapped(x).sum().backward()
+    assert meter.peak <= joint.budget
+    assert abs(meter.peak - joint.predicted["peak"]) <= 0.03 * meter.peak, (meter.peak, joint.predicted["peak"])
+    del x
+
+
+def test_batch_norm_from_output_floors_a_zero_weight():
+    torch.manual_seed(0)
+    x = torch.randn(8, 4, 5, 5)
+    weight, bias = torch.tensor([1.0, 0.5, 0.0, -2.0]), torch.randn(4)
+    out, mean, invstd, _, _ = torch.ops.aten._native_batch_norm_legit_functional(
+        x, weight, bias, torch.zeros(4), torch.ones(4), True, 0.1, 1e-5)
+    grad = torch.randn_like(out)
+    got = kernels.batch_norm_backward_from_output(grad, out, weight, bias, mean, invstd, 1e-5, [True] * 3)
+    ref = torch.ops.aten.native_batch_norm_backward(grad, x, weight, None, None, mean, invstd, True, 1e-5, [True] * 3)
+    assert all(torch.isfinite(g).all() for g in got)
+    live = [0, 1, 3]  # channels with a usable weight are exact; the zero one only loses its weight gradient
+    assert torch.allclose(got[0], ref[0], atol=1e-5) and torch.allclose(got[2], ref[2], atol=1e-5)
+    assert torch.allclose(got[1][live], ref[1][live], atol=1e-5)
