@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from monet.graph import COST_MODELS, TraceError, UnsupportedGraphError
+from monet.graph import COST_MODELS, InputSpec, TraceError, UnsupportedGraphError
 from monet.schedules import ScheduleFile, ScheduleFileError, load_schedule
 from monet.solver import FORMULATIONS, InfeasibleBudgetError, SolverFailedError, format_bytes
 
-from .api import solve
+from .api import solve, solve_traced, trace_problem
 from .models import BUNDLED, load_model
 from .runtime import ScheduleMismatchError
 from .training import compare_training
@@ -67,6 +67,11 @@ def _solve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
                         help="solver time limit; the best schedule found by then is returned. Default: 60")
     parser.add_argument("--solver-log", action="store_true", help="show HiGHS's log while solving")
+    parser.add_argument("--checkpointing-only", action="store_true",
+                        help="only choose what to keep and recompute; run every op as PyTorch does")
+    parser.add_argument("--allow-approximate", action="store_true",
+                        help="also consider options that change gradients slightly (2-bit GELU derivative, "
+                             "other convolution algorithms); their measured error is recorded in the schedule")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,10 +92,12 @@ def _parser() -> argparse.ArgumentParser:
     solve_p.add_argument("--input-shape", type=parse_shape, required=True, help="e.g. 32,3,224,224")
     solve_p.add_argument("--budget", required=True, help="bytes (4GiB, 512MB) or %% of the unconstrained peak")
     solve_p.add_argument("-o", "--output", required=True, help="schedule file to write (JSON)")
-    solve_p.add_argument("--input-dtype", default="float32", help="dtype of the input. Default: float32")
+    solve_p.add_argument("--input-dtype", help="dtype of the input. Default: the bundled model's, else float32")
     solve_p.add_argument("--input-requires-grad", action="store_true",
                          help="the input needs a gradient too (costs memory)")
     solve_p.add_argument("--device", default="cpu", help="device to trace and profile on. Default: cpu")
+    solve_p.add_argument("--ablation", action="store_true",
+                         help="also solve with checkpointing alone on the same profile and compare")
     _solve_options(solve_p)
 
     inspect = sub.add_parser("inspect", help="show what a schedule keeps and recomputes")
@@ -109,16 +116,47 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _solve(args) -> int:
+    if args.ablation and args.checkpointing_only:
+        raise ValueError("--ablation compares with --checkpointing-only; give one of them")
     model = load_model(args.model).to(args.device)
+    dtype = args.input_dtype or (BUNDLED[args.model].input_dtype if args.model in BUNDLED else "float32")
+    spec = InputSpec(args.input_shape, dtype, args.input_requires_grad)
+    name = type(model).__name__
+    settings = dict(allow_approximate=args.allow_approximate, formulation=args.formulation,
+                    time_limit=args.time_limit, solver_log=args.solver_log)
     with _progress() as progress:
-        schedule = solve(model, args.input_shape, args.budget, input_dtype=args.input_dtype,
-                         input_requires_grad=args.input_requires_grad, cost_model=args.cost_model,
-                         formulation=args.formulation, time_limit=args.time_limit, progress=progress,
-                         solver_log=args.solver_log)
+        problem = trace_problem(model, spec, cost_model=args.cost_model,
+                                implementations=not args.checkpointing_only, progress=progress)
+        progress("solving", 0, None)
+        schedule = solve_traced(problem, args.budget, name, implementations=not args.checkpointing_only, **settings)
+        if args.ablation:
+            progress("solving with checkpointing alone", 0, None)
+            try:
+                alone = solve_traced(problem, args.budget, name, implementations=False, **settings)
+            except (InfeasibleBudgetError, SolverFailedError) as exc:
+                alone = exc
     path = schedule.save(args.output)
     _print_summary(schedule)
+    if args.ablation:
+        _print_ablation(schedule, alone)
     console.print(f"wrote {path}")
     return 0
+
+
+def _print_ablation(joint: ScheduleFile, alone: ScheduleFile | Exception) -> None:
+    table = Table(title="predicted: joint choice against checkpointing alone (same profile and budget)")
+    for col in ("", "peak", "step", "ops changed", "solver"):
+        table.add_column(col, justify="left" if not col else "right")
+    for label, s in (("joint", joint), ("checkpointing alone", alone)):
+        if isinstance(s, Exception):
+            table.add_row(label, "-", "-", "-", str(s).split(";")[0])
+            continue
+        pred = s.predicted
+        table.add_row(label, format_bytes(pred["peak"]),
+                      f"{pred['time'] * 1e3:.1f} ms ({pred['time'] / pred['unconstrained_time'] - 1:+.1%})",
+                      str(len(s.schedule.get("options", {}))),
+                      f"{s.solver['status']}, {s.solver['solve_time_s']:.1f} s")
+    console.print(table)
 
 
 def _inspect(args) -> int:
@@ -137,6 +175,13 @@ def _inspect(args) -> int:
     console.print(table)
     console.print(f"recomputed in the backward: {sum(reruns.values())} op runs of {len(reruns)} ops"
                   + (": " + ", ".join(f"{n} x{c}" if c > 1 else n for n, c in reruns.items()) if reruns else ""))
+    options = schedule.schedule.get("options", {})
+    kinds = Counter(f"{choice.rpartition(':')[2]} {option}" for choice, option in options.items())
+    console.print(f"run otherwise than PyTorch: {len(options)} ops"
+                  + (": " + ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items())) if kinds else ""))
+    for choice, error in schedule.schedule.get("approximate", {}).items():
+        measured = f"relative error {error:.2g} when profiled" if error is not None else "error not measured"
+        console.print(f"[yellow]approximate:[/yellow] {choice} runs {options[choice]} ({measured})")
     return 0
 
 

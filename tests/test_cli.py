@@ -30,6 +30,21 @@ def test_solve_then_inspect(tmp_path, capsys):
     assert "kept for the backward" in out and "recomputed in the backward" in out
 
 
+def test_ablation_compares_with_checkpointing_alone(tmp_path, capsys):
+    path = tmp_path / "mlp.json"
+    code, out, _ = run(capsys, "solve", "factories:small_mlp", "--input-shape", "1024,32", "--budget", "60%",
+                       "-o", str(path), "--cost-model", "analytic", "--time-limit", "20", "--ablation")
+    assert code == 0, out
+    assert "joint" in out and "checkpointing alone" in out
+    options = json.loads(path.read_text())["schedule"]["options"]
+    assert options and set(options.values()) <= {"bits", "mask"}  # packed dropout or ReLU masks
+    code, out, _ = run(capsys, "inspect", str(path))
+    assert f"run otherwise than PyTorch: {len(options)} ops: " in out
+    code, _, err = run(capsys, "solve", "factories:small_mlp", "--input-shape", "1024,32", "--budget", "60%",
+                       "-o", str(path), "--ablation", "--checkpointing-only")
+    assert code == 2 and "give one of them" in err
+
+
 def test_infeasible_budget_fails_cleanly_and_writes_nothing(tmp_path, capsys):
     path = tmp_path / "out.json"
     code, _, err = run(capsys, "solve", "factories:small_mlp", "--input-shape", "1024,32", "--budget", "1MiB",
