@@ -22,6 +22,9 @@ setup(
         "rich",
         "jsonschema",
     ],
-    extras_require={"test": ["pytest", "hypothesis"]},
+    extras_require={
+        "transformers": ["transformers>=5"],
+        "test": ["pytest", "hypothesis", "transformers>=5"],
+    },
     entry_points={"console_scripts": ["monet=monet.cli:main"]},
 )
