@@ -104,29 +104,33 @@ def lean_options(problem: Problem, *, allow_approximate: bool = False) -> dict[s
     return out
 
 
-def best_first_need(problem: Problem, budget: int) -> tuple[frozenset[int], Replay] | None:
-    """The fastest of Chen's candidate drop sets whose first-need schedule fits `budget`
-    (on a problem without choices)."""
+def best_first_need(problem: Problem, budget: int | None) -> tuple[frozenset[int], Replay] | None:
+    """The fastest of Chen's candidate drop sets whose first-need schedule fits `budget`, or
+    (budget None) the one with the least peak (on a problem without choices)."""
     best = None
     for dropped in chen_candidates(problem):
         replay = simulate(problem, recompute_at_first_need(problem, dropped))
-        if replay.peak <= budget and (best is None or replay.time < best[1].time):
-            best = (dropped, replay)
-    return best
+        key = (replay.peak, replay.time) if budget is None else (replay.time,)
+        if (budget is None or replay.peak <= budget) and (best is None or key < best[0]):
+            best = (key, dropped, replay)
+    return best[1:] if best else None
 
 
-def warm_starts(problem: Problem, budget: int, option_sets: list[dict[str, str]]
-                ) -> tuple[frozenset[int], dict[str, str], float] | None:
-    """The fastest first-need schedule that fits `budget` with any of `option_sets`:
-    (dropped tensor ids of `problem`, options, time)."""
+def warm_starts(problem: Problem, budget: int | None, option_sets: list[dict[str, str]]
+                ) -> tuple[frozenset[int], dict[str, str], Replay] | None:
+    """The fastest first-need schedule that fits `budget` (None: the one with the least peak)
+    with any of `option_sets`: (dropped tensor ids of `problem`, options, its replay)."""
     best = None
     for options in option_sets:
         plain = problem.resolve(options)
         found = best_first_need(plain, budget)
-        if found and (best is None or found[1].time < best[2]):
+        if not found:
+            continue
+        key = (found[1].peak, found[1].time) if budget is None else (found[1].time,)
+        if best is None or key < best[0]:
             dropped = frozenset(problem.tensor_named(plain.tensors[t].name).id for t in found[0])
-            best = (dropped, options, found[1].time)
-    return best
+            best = (key, (dropped, options, found[1]))
+    return best[1] if best else None
 
 
 __all__ = ["best_first_need", "chen_candidates", "lean_options", "recompute_at_first_need", "segment_cuts",

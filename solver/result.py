@@ -25,8 +25,9 @@ class InfeasibleBudgetError(ValueError):
         if least.found <= least.bound:
             detail = f"is below the least feasible peak {format_bytes(least.found)} ({least.found} bytes)"
         else:
-            detail = (f"cannot be met: the least peak found is {format_bytes(least.found)} ({least.found} bytes), "
-                      f"and no schedule peaks below {format_bytes(least.bound)}")
+            detail = f"cannot be met: the least peak found is {format_bytes(least.found)} ({least.found} bytes)"
+            if least.bound > 0:
+                detail += f", and no schedule peaks below {format_bytes(least.bound)}"
         hint = " or try --formulation general, which recomputes more than once" if formulation == "compact" else ""
         super().__init__(f"budget {format_bytes(budget)} {detail}; raise the budget to at least that{hint}")
 

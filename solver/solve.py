@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from .compact import Compact
 from .general import General
 from .heuristics import lean_options, warm_starts
 from .problem import Problem
 from .result import InfeasibleBudgetError, LeastPeak, Solution, SolverFailedError
 from .schedule import Schedule, keep_all
-from .simulate import simulate
+from .simulate import Replay, simulate
 
 FORMULATIONS = ("compact", "general")
 
@@ -66,16 +68,13 @@ def solve(problem: Problem, budget: int, *, formulation: str = "compact", implem
         return Solution(baseline, baseline_replay, budget, formulation, "optimal", 0.0, 0.0, 0.0,
                         time.perf_counter() - start)
     model, posed = _model(problem, budget, formulation, implementations, allow_approximate, options)
-    option_sets = [options if posed.choices else {}]
-    if posed.choices and implementations:
-        option_sets.append({**lean_options(posed, allow_approximate=allow_approximate), **options})
-    found = warm_starts(posed, budget, option_sets)
+    found = warm_starts(posed, budget, _option_sets(posed, implementations, allow_approximate, options))
     starts = [found] if found else []
     if formulation == "compact" and implementations and len(options) < len(problem.choices):
         alone = _checkpointing_alone(problem, budget, options, time_limit / 2, seed)
         if alone:
             starts.append(alone)
-    best = min(starts, key=lambda s: s[2], default=None)
+    best = min(starts, key=lambda s: s[2].time, default=None)
     warm = model.warm_start(best[0], best[1]) if best else None
     result = model.milp.solve(time_limit=max(1.0, time_limit - (time.perf_counter() - start)), seed=seed,
                               warm=warm, verbose=verbose)
@@ -98,10 +97,19 @@ def solve(problem: Problem, budget: int, *, formulation: str = "compact", implem
                     solve_time=time.perf_counter() - start)
 
 
+def _option_sets(posed: Problem, implementations: bool, allow_approximate: bool,
+                 options: dict[str, str]) -> list[dict[str, str]]:
+    """How ops run in the heuristic starting points: as fixed (else as PyTorch), and leanest."""
+    sets = [options if posed.choices else {}]
+    if posed.choices and implementations:
+        sets.append({**lean_options(posed, allow_approximate=allow_approximate), **options})
+    return sets
+
+
 def _checkpointing_alone(problem: Problem, budget: int, options: dict[str, str], time_limit: float,
-                         seed: int) -> tuple[frozenset[int], dict[str, str], float] | None:
+                         seed: int) -> tuple[frozenset[int], dict[str, str], Replay] | None:
     """The compact checkpointing-only schedule (choices at their first option, or as `options`
-    fix) within `time_limit`, as a joint starting point: (dropped tensors, options, time)."""
+    fix) within `time_limit`, as a joint starting point: (dropped tensors, options, replay)."""
     model, _ = _model(problem, budget, "compact", False, True, options)
     found = warm_starts(problem, budget, [{c.name: options.get(c.name, c.options[0]) for c in problem.choices}])
     result = model.milp.solve(time_limit=time_limit, seed=seed,
@@ -112,16 +120,21 @@ def _checkpointing_alone(problem: Problem, budget: int, options: dict[str, str],
     replay = simulate(problem, schedule)
     if replay.peak > budget:
         return None
-    return frozenset(t for t, var in model.drop.items() if result.values[var] > 0.5), schedule.options, replay.time
+    return frozenset(t for t, var in model.drop.items() if result.values[var] > 0.5), schedule.options, replay
 
 
 def least_peak(problem: Problem, *, formulation: str = "compact", implementations: bool = True,
                allow_approximate: bool = False, options: dict[str, str] | None = None, time_limit: float = 60.0,
                seed: int = 0) -> LeastPeak:
     """The least budget (bytes) that the formulation can meet, as its memory rows count it."""
-    model, _ = _model(problem, None, formulation, implementations, allow_approximate, options)
-    result = model.milp.solve(time_limit=time_limit, seed=seed)
-    if result.values is None:
+    model, posed = _model(problem, None, formulation, implementations, allow_approximate, options or {})
+    start = warm_starts(posed, None, _option_sets(posed, implementations, allow_approximate, options or {}))
+    result = model.milp.solve(time_limit=time_limit, seed=seed, warm=model.warm_start(*start[:2]) if start else None)
+    if result.values is not None:
+        found = model.memory.least_budget(result.values[model.memory.peak])
+    elif start:  # HiGHS improved on nothing in time: the heuristic schedule's peak stands
+        found = start[2].peak
+    else:
         raise SolverFailedError(f"HiGHS found no schedule at any budget within {time_limit:g} s ({result.status})")
-    found = model.memory.least_budget(result.values[model.memory.peak])
-    return LeastPeak(found, found if result.status == "optimal" else model.memory.least_budget(result.bound))
+    bound = model.memory.least_budget(result.bound) if np.isfinite(result.bound) else 0
+    return LeastPeak(found, found if result.status == "optimal" else min(found, bound))

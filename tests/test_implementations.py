@@ -16,7 +16,6 @@ from monet.graph import InputSpec, kernels
 EXACT = {
     "mask": ("cnn", kernels.relu_backward_from_mask),
     "offsets": ("cnn", kernels.pool_backward_from_offsets),
-    "output": ("cnn", kernels.batch_norm_backward_from_output),
     "bits": ("transformer", kernels.dropout_backward_from_mask),
 }
 
@@ -88,6 +87,19 @@ def test_approximate_gelu_only_when_allowed_and_its_error_is_reported():
     errors = gradient_errors(wrapped, model, reference, small_batch("transformer"))
     assert errors.pop("output") < 1e-6  # the forward is exact
     assert 1e-5 < max(errors.values()) < 0.5, errors  # gradients change, within reason
+
+
+def test_batch_norm_from_output_is_approximate_and_close_on_a_fresh_model():
+    model, shape, problem = traced("cnn")
+    norms = [c for c in problem.choices if c.approximate == ("output",)]
+    assert norms and all(0 <= c.error("output") < 1e-5 for c in norms)
+    forced = forcing(problem, "output")
+    schedule = solve_traced(problem, "70%", "ResidualCNN", options=forced, allow_approximate=True, time_limit=30)
+    assert set(schedule.schedule["approximate"]) == {c.name for c in norms}
+    wrapped = MONeTWrapper(model, schedule, shape)
+    assert kernels.batch_norm_backward_from_output in targets(wrapped.graphs["backward"])
+    errors = gradient_errors(wrapped, model, copy.deepcopy(model), small_batch("cnn"))
+    assert max(errors.values()) < 1e-5, errors  # weight 1, bias 0: no cancellation yet
 
 
 def test_other_convolution_algorithms_are_approximate_with_their_error_measured():
