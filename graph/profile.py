@@ -77,17 +77,23 @@ def run_graph(gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,
         _walk(gm, _inputs(gm, model, x, seed), lambda node, call: call(), after)
 
 
+def _cuda_peak(call: Callable[[], object], device: torch.device) -> tuple[object, int, int]:
+    """(result, peak bytes above the start, bytes still allocated at the end) of `call` on CUDA."""
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    result = call()
+    torch.cuda.synchronize(device)
+    return (result, torch.cuda.max_memory_allocated(device) - before,
+            torch.cuda.memory_allocated(device) - before)
+
+
 def measure_call(call: Callable[[], object], device: torch.device, *, repeats: int = 3,
                  warmup: int = 1) -> tuple[float, int, object]:
     """(median seconds, workspace bytes, result) of `call`; workspace as for graph ops."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        result = call()
-        torch.cuda.synchronize(device)
-        made = torch.cuda.memory_allocated(device) - before
-        workspace = torch.cuda.max_memory_allocated(device) - before - made
+        result, peak, made = _cuda_peak(call, device)
+        workspace = peak - made
     else:
         with allocator_events() as events:
             result = call()
@@ -154,12 +160,7 @@ def _workspace(problem: Problem, gm, model, x, seed, device) -> dict[str, int]:
         def on_op(node, call):
             if node.name not in ops:
                 return call()
-            torch.cuda.synchronize(device)
-            before = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            out = call()
-            torch.cuda.synchronize(device)
-            peak = torch.cuda.max_memory_allocated(device) - before
+            out, peak, _ = _cuda_peak(call, device)
             result[node.name] = max(0, peak - new_bytes[node.name])
             return out
 
