@@ -70,16 +70,15 @@ _SCHEMA = {
 }
 
 
-def write_json(path: str | os.PathLike, data: object) -> Path:
-    """Write `data` as JSON atomically (a temporary file in the same folder, then a rename), so
-    that a failed or interrupted write leaves nothing half-written."""
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write `data` atomically (a temporary file in the same folder, then a rename), so that a
+    failed or interrupted write leaves nothing half-written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -87,6 +86,11 @@ def write_json(path: str | os.PathLike, data: object) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_json(path: str | os.PathLike, data: object) -> Path:
+    """Write `data` as JSON atomically (see write_atomic)."""
+    return write_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 class ScheduleFileError(ValueError):

@@ -32,27 +32,40 @@ from .problem import Problem
 
 
 class Compact(Formulation):
+    name = "compact"
+
     def __init__(self, problem: Problem, budget: int | None, *, allow_approximate: bool = False,
-                 options: dict[str, str] | None = None):
-        """`options` fixes choices (e.g. every choice to its first option: checkpointing alone)."""
-        super().__init__(problem, budget)
+                 options: dict[str, str] | None = None, horizon: int | None = None):
+        """`options` fixes choices (e.g. every choice to its first option: checkpointing alone);
+        `horizon` bounds how early ops may rerun (see Stages)."""
+        super().__init__(problem, budget, horizon)
         stages, milp, memory = self.stages, self.milp, self.memory
         tensors = problem.tensors
         tensor_win, op_win = stages.windows
         first_read, last_read = stages.reads
         conditional = stages.read_only_under
 
-        # Choices.
+        # Choices. An allowed option that another allowed option dominates is left out (no loss).
         self.option_var: dict[tuple[str, int], int] = {}
+        self.better: dict[tuple[str, int], int] = {}  # dominated option -> the option that replaces it
+        ops_of: dict[str, list] = {}
+        for op in problem.ops:
+            if op.choice is not None:
+                ops_of.setdefault(op.choice, []).append(op)
         for choice in problem.choices:
             first = milp.add_vars(len(choice.options), binary=True)
             milp.add_row([(first + j, 1.0) for j in range(len(choice.options))], 1.0)
             milp.add_row([(first + j, -1.0) for j in range(len(choice.options))], -1.0)
-            for j, name in enumerate(choice.options):
+            forced = (options or {}).get(choice.name)
+            allowed = [j for j, name in enumerate(choice.options)
+                       if (allow_approximate or name not in choice.approximate) and (not forced or forced == name)]
+            for j in range(len(choice.options)):
                 self.option_var[(choice.name, j)] = first + j
-                forced = (options or {}).get(choice.name)
-                if (name in choice.approximate and not allow_approximate) or (forced and forced != name):
+                better = next((i for i in allowed if i != j and _dominates(ops_of.get(choice.name, []), i, j)), None)
+                if j not in allowed or better is not None:
                     milp.fix(first + j, 0.0)
+                if j in allowed and better is not None:
+                    self.better[(choice.name, j)] = better
 
         def option(op_id: int, j: int) -> Terms:
             """Terms equal to 1 when op `op_id` runs as its option j (always, without a choice)."""
@@ -76,6 +89,7 @@ class Compact(Formulation):
             return [term for j in conditional[(t, k)] for term in option(problem.backward_ops[k].id, j)]
 
         # Keep or drop.
+        self.one = milp.add_vars(lower=1.0, upper=1.0)  # the constant 1, for bytes in running sums
         self.drop = {t: milp.add_vars(binary=True) for t in sorted(tensor_win)}
         for t, var in self.drop.items():
             if tensors[t].producer not in op_win:
@@ -137,7 +151,7 @@ class Compact(Formulation):
                     continue
                 source = tensors[u].producer
                 for k in range(a, b + 1):
-                    if source not in op_win:
+                    if P(source, k) is None:  # u's op cannot rerun by then
                         milp.add_row([(P(c, k), 1.0), (self.drop[u], 1.0)], 1.0)
                         continue
                     # c rerun by stage k with u dropped forces u's op by then.
@@ -151,48 +165,75 @@ class Compact(Formulation):
         for (o, k), trig in triggers.items():
             milp.add_row([(P(o, k), 1.0)] + [(v, -1.0) for v in trig], 0.0)
 
-        # Q[t,k]: t is still needed at stage k or later (read there, or read by a rerun there).
+        # Q[t,k]: t is still needed at stage k or later (read there, or read by a rerun there); it is
+        # a variable over t's window only, and before the window equals its first value.
         needed: dict[int, int] = {}
-        for t, (_, b) in tensor_win.items():
-            needed[t] = milp.add_vars(b + 2, upper=1.0)  # Q[t,0..b+1]; Q[t,b+1] = 0
-            milp.fix(needed[t] + b + 1, 0.0)
-            always = max((k for k in stages.read_at.get(t, ()) if (t, k) not in conditional), default=-1)
-            for k in range(b + 1):
-                if k <= always:
-                    milp.fix(needed[t] + k, 1.0)
+        surely: dict[int, int] = {}  # the last stage that reads t under every option (-1: none)
+
+        def Q(t: int, k: int) -> int:
+            a = tensor_win[t][0]
+            return needed[t] + max(k, a) - a
+
+        for t, (a, b) in tensor_win.items():
+            needed[t] = milp.add_vars(b - a + 2, upper=1.0)  # Q[t,a..b+1]; Q[t,b+1] = 0
+            milp.fix(Q(t, b + 1), 0.0)
+            surely[t] = max((k for k in stages.read_at.get(t, ()) if (t, k) not in conditional), default=-1)
+            for k in range(a, b + 1):
+                if k <= surely[t]:
+                    milp.fix(Q(t, k), 1.0)
                 else:
-                    milp.add_row([(needed[t] + k + 1, 1.0), (needed[t] + k, -1.0)], 0.0)
+                    milp.add_row([(Q(t, k + 1), 1.0), (Q(t, k), -1.0)], 0.0)
                 if (t, k) in conditional:
-                    milp.add_row(reads_if(t, k) + [(needed[t] + k, -1.0)], 0.0)
-                for c in problem.readers[t]:
-                    if c in op_win:
-                        terms = [(P(c, op_win[c][1]), 1.0), (needed[t] + k, -1.0)]
-                        if P(c, k - 1) is not None:
-                            terms.append((P(c, k - 1), -1.0))
-                        milp.add_row(terms, 0.0)
+                    milp.add_row(reads_if(t, k) + [(Q(t, k), -1.0)], 0.0)
+            for c in (c for c in problem.readers[t] if c in op_win):
+                for k in range(op_win[c][0], op_win[c][1] + 1):  # c reruns at k, so t is needed at k
+                    milp.add_row(ran_here(c, k) + [(Q(t, k), -1.0)], 0.0)
 
         # Stage k, entering: copies made before it that are still needed (the saved copy of a
         # kept tensor, or a copy rerun in an earlier stage). Their bytes, summed, are held[k].
+        # Before t's op can have rerun and before t's window, only the saved copy can be held, and
+        # whether it is needed does not change: one term (1 - d[t], or max(0, Q[t,a] - d[t]) when
+        # no read is sure) counts it over those stages, gathered per stage by a running sum.
         held_terms: list[Terms] = [[] for _ in range(stages.count)]
-        for t, (_, b) in tensor_win.items():
-            o = tensors[t].producer
-            for k in range(b + 1):
+        saved_from: list[Terms] = [[] for _ in range(stages.count + 1)]  # saved copies counted below stage k
+        for t, (a, b) in tensor_win.items():
+            o, size = tensors[t].producer, tensors[t].bytes
+            pre = min(op_win[o][0] + 1 if o in op_win else b + 1, b + 1, max(a, surely[t] + 1))
+            if surely[t] >= a:
+                saved_from[pre] += [(self.drop[t], -size), (self.one, size)]
+            else:
                 h = milp.add_vars()
-                milp.add_row([(needed[t] + k, 1.0), (self.drop[t], -1.0), (h, -1.0)], 0.0)
+                milp.add_row([(Q(t, a), 1.0), (self.drop[t], -1.0), (h, -1.0)], 0.0)
+                saved_from[pre].append((h, size))
+            for k in range(pre, b + 1):
+                h = milp.add_vars()
+                milp.add_row([(Q(t, k), 1.0), (self.drop[t], -1.0), (h, -1.0)], 0.0)
                 if P(o, k - 1) is not None:
-                    milp.add_row([(P(o, k - 1), 1.0), (needed[t] + k, 1.0), (h, -1.0)], 1.0)
-                held_terms[k].append((h, tensors[t].bytes))
+                    milp.add_row([(P(o, k - 1), 1.0), (Q(t, k), 1.0), (h, -1.0)], 1.0)
+                held_terms[k].append((h, size))
+        below: Terms = []
+        for k in range(stages.count - 1, -1, -1):
+            saved_before = milp.add_vars()
+            milp.add_row(below + saved_from[k + 1] + [(saved_before, -1.0)], 0.0)
+            held_terms[k].append((saved_before, 1.0))
+            below = [(saved_before, 1.0)]
 
-        def cost_terms(op_id: int, when: Terms) -> tuple[float, Terms]:
-            """(constant, terms): the outputs and workspace of running op `op_id` when `when` is 1."""
+        def cost_rows(op_id: int, when: Terms) -> list[tuple[float, Terms]]:
+            """The outputs and workspace of running op `op_id` when `when` is 1, as (constant, terms)
+            per memory row. A rerun whose options cost differently gets a row per option j that
+            binds only when j is chosen: size_j * (when + y_j - 1), with no product variable."""
+            sizes = stages.op_cost(problem.ops[op_id])
+            if when and len({size for _, size in sizes}) > 1:
+                return [(-size, [(v, c * size) for v, c in when + option(op_id, j)]) for j, size in sizes]
+            if when:
+                return [(0.0, [(v, c * sizes[0][1]) for v, c in when])]
             constant, terms = 0.0, []
-            for j, size in stages.op_cost(problem.ops[op_id]):
-                factor = both(when, option(op_id, j)) if j is not None else when
-                if factor:
-                    terms += [(v, c * size) for v, c in factor]
-                else:
+            for j, size in sizes:
+                if j is None:
                     constant += size
-            return constant, terms
+                else:
+                    terms += [(v, c * size) for v, c in option(op_id, j)]
+            return [(constant, terms)]
 
         def kept_after(k: int, u: int, made: Terms) -> Terms:
             """Made at stage k and still needed by backward op k or a later stage."""
@@ -202,7 +243,7 @@ class Compact(Formulation):
             if k in stages.read_at.get(u, ()):
                 condition = reads_if(u, k)
                 milp.add_row(made + condition + [(x, -1.0)], 1.0 if condition else 0.0)
-            milp.add_row(made + [(needed[u] + k + 1, 1.0), (x, -1.0)], 1.0)
+            milp.add_row(made + [(Q(u, k + 1), 1.0), (x, -1.0)], 1.0)
             return [(x, 1.0)]
 
         candidates: list[list[int]] = [[] for _ in range(stages.count)]
@@ -211,7 +252,7 @@ class Compact(Formulation):
                 candidates[k].append(o)
         for k in range(stages.count):
             self.add_stage(k, held_terms[k], candidates[k], lambda o, k=k: ran_here(o, k),
-                           lambda u, made, k=k: kept_after(k, u, made), cost_terms)
+                           lambda u, made, k=k: kept_after(k, u, made), cost_rows)
 
         for fixed, optional, by_option in stages.forward_rows:
             saved_bytes = sum(tensors[t].bytes for t in optional)
@@ -227,6 +268,9 @@ class Compact(Formulation):
     def warm_start(self, dropped: frozenset[int], options: dict[str, str]) -> dict[int, float]:
         values = {var: float(t in dropped) for t, var in self.drop.items()}
         chosen = {c.name: c.options.index(options.get(c.name, c.options[0])) for c in self.problem.choices}
+        for c, j in chosen.items():
+            while (c, j) in self.better:
+                j = chosen[c] = self.better[(c, j)]
         values.update({var: float(j == chosen[c]) for (c, j), var in self.option_var.items()})
         return values
 
@@ -241,3 +285,14 @@ class Compact(Formulation):
             if on.any():
                 by_stage.setdefault(a + int(np.argmax(on)), []).append(o)
         return by_stage
+
+
+def _dominates(ops: list, i: int, j: int) -> bool:
+    """Option i of the choice that `ops` share is no worse than option j in anything the simulator
+    counts (same ops run, reading no more, in no more time and workspace), and strictly better
+    somewhere or first of equals."""
+    pairs = [(op.impl(i), op.impl(j)) for op in ops]
+    if any(a.runs != b.runs or not set(a.inputs) <= set(b.inputs) or a.time > b.time or a.workspace > b.workspace
+           for a, b in pairs):
+        return False
+    return i < j or any(a != b for a, b in pairs)

@@ -16,21 +16,24 @@ Terms = list[tuple[int, float]]
 
 
 class Formulation:
-    def __init__(self, problem: Problem, budget: int | None):
+    name = ""
+
+    def __init__(self, problem: Problem, budget: int | None, horizon: int | None = None):
         """Memory rows bound the peak by `budget` bytes, or (None) minimise the peak."""
         self.problem = problem
-        self.stages = Stages(problem)
+        self.stages = Stages(problem, horizon)
         self.milp = Milp()
         self.memory = MemoryLimit(self.milp, budget, max((t.bytes for t in problem.tensors), default=1))
 
     def add_stage(self, k: int, held: Terms, candidates: list[int], ran: Callable[[int], Terms],
                   kept_after: Callable[[int, Terms], Terms],
-                  cost: Callable[[int, Terms], tuple[float, Terms]]) -> None:
+                  cost: Callable[[int, Terms], list[tuple[float, Terms]]]) -> None:
         """Memory rows for every moment of stage k: each candidate rerun in forward order, then
         backward op k. `held`: bytes of copies made before the stage and still needed in it;
         `ran(o)`: terms equal to 1 when o reruns here; `kept_after(u, made)`: terms equal to 1 when
         output u, made here (`made`), must outlive the stage's reruns ([] if never);
-        `cost(op, when)`: (constant, terms) bytes of running an op (outputs and workspace).
+        `cost(op, when)`: bytes of running an op (outputs and workspace), as (constant, terms) per
+        memory row that must hold.
         A running sum tracks the bytes this stage's reruns made: an output counts until its last
         forward reader among the candidates has run, then only if it is kept after."""
         milp, problem = self.milp, self.problem
@@ -45,8 +48,8 @@ class Formulation:
                 releases[last].append((u, ran(o), kept_after(u, ran(o))))
         running: Terms = []
         for i, o in enumerate(candidates):
-            constant, terms = cost(o, ran(o))
-            self.memory.add([(held_var, 1.0)] + running + terms, fixed + constant)
+            for constant, terms in cost(o, ran(o)):
+                self.memory.add([(held_var, 1.0)] + running + terms, fixed + constant)
             after = milp.add_vars()
             row = [(after, -1.0)] + running + [(v, c * problem.out_bytes(problem.ops[o])) for v, c in ran(o)]
             for u, made, kept in releases[i]:
@@ -54,8 +57,14 @@ class Formulation:
                 row += [(v, -c * size) for v, c in made] + [(v, c * size) for v, c in kept]
             milp.add_row(row, 0.0)
             running = [(after, 1.0)]
-        constant, terms = cost(problem.backward_ops[k].id, [])
-        self.memory.add([(held_var, 1.0)] + running + terms, fixed + constant)
+        for constant, terms in cost(problem.backward_ops[k].id, []):
+            self.memory.add([(held_var, 1.0)] + running + terms, fixed + constant)
+
+    @property
+    def fixed_time(self) -> float:
+        """Seconds of step time that no decision changes: the ops without a choice, run once.
+        The model's objective adds the rest (reruns, and ops whose time depends on an option)."""
+        return sum(op.time for op in self.problem.ops if op.choice is None)
 
     def reruns(self, values: np.ndarray) -> dict[int, list[int]]:
         """Stage -> forward ops rerun just before that stage's backward op, in a solution."""

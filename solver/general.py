@@ -24,8 +24,10 @@ from .problem import Problem
 
 
 class General(Formulation):
-    def __init__(self, problem: Problem, budget: int | None):
-        super().__init__(problem, budget)
+    name = "general"
+
+    def __init__(self, problem: Problem, budget: int | None, horizon: int | None = None):
+        super().__init__(problem, budget, horizon)
         stages, milp, memory = self.stages, self.milp, self.memory
         tensors = problem.tensors
         tensor_win, op_win = stages.windows
@@ -86,9 +88,9 @@ class General(Formulation):
                 milp.add_row(made + [(self.held[(u, k + 1)], 1.0), (x, -1.0)], 1.0)
             return [(x, 1.0)]
 
-        def cost(o: int, when: list[tuple[int, float]]) -> tuple[float, list[tuple[int, float]]]:
+        def cost(o: int, when: list[tuple[int, float]]) -> list[tuple[float, list[tuple[int, float]]]]:
             (_, size), = stages.op_cost(problem.ops[o])  # resolved problems have no choices
-            return (0.0, [(v, c * size) for v, c in when]) if when else (size, [])
+            return [(0.0, [(v, c * size) for v, c in when]) if when else (size, [])]
 
         for k in range(stages.count):
             self.add_stage(k, held[k], candidates[k], lambda o, k=k: [(self.rerun[(o, k)], 1.0)],

@@ -7,6 +7,8 @@ so a keep set found here (with its options) is a valid starting point (warm star
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .problem import Problem
 from .schedule import DROPPABLE_ROLES, Schedule
 from .simulate import Replay, simulate
@@ -104,26 +106,38 @@ def lean_options(problem: Problem, *, allow_approximate: bool = False) -> dict[s
     return out
 
 
-def best_first_need(problem: Problem, budget: int | None) -> tuple[frozenset[int], Replay] | None:
+def best_first_need(problem: Problem, budget: int | None,
+                    admits: Callable[[Schedule], bool] | None = None) -> tuple[frozenset[int], Replay] | None:
     """The fastest of Chen's candidate drop sets whose first-need schedule fits `budget`, or
-    (budget None) the one with the least peak (on a problem without choices)."""
+    (budget None) the one with the least peak (on a problem without choices); with `admits`,
+    only schedules it admits count."""
     best = None
     for dropped in chen_candidates(problem):
-        replay = simulate(problem, recompute_at_first_need(problem, dropped))
+        schedule = recompute_at_first_need(problem, dropped)
+        if admits is not None and not admits(schedule):
+            continue
+        replay = simulate(problem, schedule)
         key = (replay.peak, replay.time) if budget is None else (replay.time,)
         if (budget is None or replay.peak <= budget) and (best is None or key < best[0]):
             best = (key, dropped, replay)
     return best[1:] if best else None
 
 
-def warm_starts(problem: Problem, budget: int | None, option_sets: list[dict[str, str]]
-                ) -> tuple[frozenset[int], dict[str, str], Replay] | None:
+def warm_starts(problem: Problem, budget: int | None, option_sets: list[dict[str, str]],
+                horizon: int | None = None) -> tuple[frozenset[int], dict[str, str], Replay] | None:
     """The fastest first-need schedule that fits `budget` (None: the one with the least peak)
-    with any of `option_sets`: (dropped tensor ids of `problem`, options, its replay)."""
+    with any of `option_sets`, rerunning no op earlier than `horizon` allows (see Stages):
+    (dropped tensor ids of `problem`, options, its replay)."""
+    stages = Stages(problem, horizon)
     best = None
     for options in option_sets:
         plain = problem.resolve(options)
-        found = best_first_need(plain, budget)
+
+        def admits(schedule: Schedule, plain=plain, options=options) -> bool:
+            as_posed = Schedule.from_dict(problem, {**schedule.to_dict(plain), "options": options})
+            return stages.admits(as_posed)
+
+        found = best_first_need(plain, budget, None if horizon is None else admits)
         if not found:
             continue
         key = (found[1].peak, found[1].time) if budget is None else (found[1].time,)

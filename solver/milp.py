@@ -66,9 +66,10 @@ class Milp:
             self._vals.append(val)
         self._rhs.append(rhs)
 
-    def solve(self, *, time_limit: float, seed: int = 0, mip_rel_gap: float = 1e-4,
+    def solve(self, *, time_limit: float, seed: int = 0, mip_rel_gap: float = 1e-4, abs_gap: float = 0.0,
               warm: dict[int, float] | None = None, verbose: bool = False, relax: bool = False) -> MilpResult:
-        """Minimise the cost. `warm` fixes binaries to a known solution first (an LP, quick);
+        """Minimise the cost; stop when proven within `mip_rel_gap` (relative) or `abs_gap` (in
+        cost units) of the optimum. `warm` fixes binaries to a known solution first (an LP, quick);
         if that solution is feasible HiGHS starts from it, so the time limit returns at least it.
         `relax` solves the LP relaxation instead (binaries anywhere in [0, 1])."""
         binary = np.array(self._binary, dtype=bool)
@@ -107,7 +108,8 @@ class Milp:
                 warnings.simplefilter("ignore")  # cvxpy warns on inaccurate solutions; the status says so
                 try:
                     problem.solve(solver=cp.HIGHS, warm_start=warm_start, time_limit=float(left),
-                                  random_seed=int(seed), mip_rel_gap=mip_rel_gap, verbose=verbose)
+                                  random_seed=int(seed), mip_rel_gap=mip_rel_gap, mip_abs_gap=abs_gap,
+                                  verbose=verbose)
                 except (cp.error.SolverError, ValueError):  # HiGHS stopped without a usable answer
                     return "error"
             return problem.status

@@ -44,11 +44,12 @@ class Solution:
     replay: Replay
     budget: int
     formulation: str
-    status: str  # "optimal" or "time_limit" (best schedule found when time ran out)
-    objective: float  # recomputation time, plus op time that depends on options, as the solver priced it
-    bound: float  # proven lower bound on that objective
-    gap: float  # HiGHS's relative MIP gap
+    status: str  # "optimal" (within the gap asked for) or "time_limit" (best schedule found when time ran out)
+    objective: float  # predicted step time, as the formulation prices it
+    bound: float  # proven lower bound on the step time of any schedule of the formulation
+    gap: float  # (objective - bound) / objective
     solve_time: float
+    horizon: int | None = None  # how early ops may rerun, in stages (None: unbounded)
 
     @property
     def peak(self) -> int:
@@ -58,9 +59,10 @@ class Solution:
         return {
             "formulation": self.formulation,
             "status": self.status,
+            "horizon": self.horizon,
             "objective_s": self.objective,
             "bound_s": self.bound,
-            "mip_gap": self.gap,
+            "gap": self.gap,
             "solve_time_s": self.solve_time,
         }
 

@@ -7,19 +7,33 @@ import time
 import numpy as np
 
 from .compact import Compact
+from .formulation import Formulation
 from .general import General
 from .heuristics import lean_options, warm_starts
 from .problem import Problem
 from .result import InfeasibleBudgetError, LeastPeak, Solution, SolverFailedError
 from .schedule import Schedule, keep_all
 from .simulate import Replay, simulate
+from .stages import Stages
 
-FORMULATIONS = ("compact", "general")
+FORMULATIONS = ("auto", "compact", "general")
+GENERAL_UP_TO = 40  # forward ops; "auto" poses smaller problems without choices to make in the general formulation
+HORIZONS = (None, 120, 80, 60, 40, 30, 20, 15, 10)
+RERUN_SLOTS = 4000  # "auto" horizon: the longest one whose (op, stage) rerun pairs stay within this
 
 
-def _model(problem: Problem, budget: int | None, formulation: str, implementations: bool,
-           allow_approximate: bool, options: dict[str, str] | None):
-    """The formulation's model, and the problem it is posed on. The general formulation does not
+def auto_horizon(problem: Problem) -> int | None:
+    """The longest horizon (None: unbounded) whose rerun windows have at most RERUN_SLOTS
+    (op, stage) pairs: the compact formulation's size grows with them."""
+    for horizon in HORIZONS:
+        if sum(b - a + 1 for a, b in Stages(problem, horizon).windows[1].values()) <= RERUN_SLOTS:
+            return horizon
+    return HORIZONS[-1]
+
+
+def _pose(problem: Problem, formulation: str, implementations: bool, allow_approximate: bool,
+          options: dict[str, str] | None) -> tuple[str, Problem, dict[str, str]]:
+    """(formulation, the problem it is posed on, fixed options). The general formulation does not
     choose implementations: it solves the problem as PyTorch runs it, or as `options` fix."""
     fixed = dict(options or {})
     unknown = [c for c in fixed if c not in problem.choice_named]
@@ -32,29 +46,57 @@ def _model(problem: Problem, budget: int | None, formulation: str, implementatio
             raise ValueError(f"choice {name!r} has no option {option!r}; its options are {list(choice.options)}")
         if option in choice.approximate and not allow_approximate:
             raise ValueError(f"option {option!r} of {name!r} changes gradients; allow approximate options to use it")
+    if formulation not in FORMULATIONS:
+        raise ValueError(f"formulation {formulation!r} is not one of {', '.join(FORMULATIONS)}")
     if not implementations:
         fixed = {c.name: fixed.get(c.name, c.options[0]) for c in problem.choices}
+    if formulation == "auto":
+        choosing = len(fixed) < len(problem.choices)
+        formulation = "general" if len(problem.forward_ops) <= GENERAL_UP_TO and not choosing else "compact"
+    return formulation, (problem if formulation == "compact" else problem.resolve(fixed)), fixed
+
+
+def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]], horizon: int | None | str
+           ) -> tuple[int | None, tuple[frozenset[int], dict[str, str], Replay] | None]:
+    """The horizon to pose the model with, and the heuristic schedule to start from (see warm_starts).
+    An "auto" horizon that admits no heuristic schedule within the budget is lengthened until one does."""
+    if horizon != "auto":
+        return horizon, warm_starts(posed, budget, option_sets, horizon)
+    chosen = auto_horizon(posed)
+    found = warm_starts(posed, budget, option_sets, chosen)
+    for longer in reversed(HORIZONS[:HORIZONS.index(chosen)]):
+        if found:
+            break
+        found = warm_starts(posed, budget, option_sets, longer)
+        chosen = longer if found else chosen
+    return chosen, found
+
+
+def _model(formulation: str, posed: Problem, budget: int | None, allow_approximate: bool, fixed: dict[str, str],
+           horizon: int | None) -> Formulation:
     if formulation == "compact":
-        return Compact(problem, budget, allow_approximate=allow_approximate, options=fixed), problem
-    if formulation == "general":
-        plain = problem.resolve(fixed)
-        return General(plain, budget), plain
-    raise ValueError(f"formulation {formulation!r} is not one of {', '.join(FORMULATIONS)}")
+        return Compact(posed, budget, allow_approximate=allow_approximate, options=fixed, horizon=horizon)
+    return General(posed, budget, horizon)
 
 
-def solve(problem: Problem, budget: int, *, formulation: str = "compact", implementations: bool = True,
+def solve(problem: Problem, budget: int, *, formulation: str = "auto", implementations: bool = True,
           allow_approximate: bool = False, options: dict[str, str] | None = None, time_limit: float = 60.0,
-          seed: int = 0, verbose: bool = False) -> Solution:
+          gap: float = 5e-3, horizon: int | None | str = "auto", seed: int = 0, verbose: bool = False) -> Solution:
     """The fastest schedule whose replayed peak stays within `budget` bytes.
 
     `implementations` lets the solver choose how ops run (the problem's choices) jointly with
     what to keep; off, every choice takes its first option (checkpointing alone). Options that
     change gradients are only considered with `allow_approximate`. `options` (choice -> option)
     fixes some choices, whatever the other settings.
+    `formulation`: "compact" (each tensor rebuilt at most once; scales), "general" (any number of
+    reruns; small graphs, no implementation choices) or "auto" (general for graphs of up to
+    GENERAL_UP_TO forward ops with nothing to choose, else compact). `horizon` bounds how early an op
+    may rerun, in stages (None: unbounded; "auto": as long as the problem's size allows).
     The solver starts from the fastest of Chen's greedy schedules that fits, with ops run as
-    PyTorch runs them or in their leanest way. When it chooses implementations, it first spends
-    half the time limit on checkpointing alone and starts the joint search from that schedule,
-    so the joint schedule is never slower than checkpointing alone.
+    PyTorch runs them or in their leanest way, and stops when the predicted step time is proven
+    within `gap` (relative) of the best possible in the formulation, or at `time_limit` seconds
+    with the best schedule found and its proven gap. Same input, same seed: same schedule, unless
+    the time limit cuts the search.
     Raises InfeasibleBudgetError (stating the least peak) when no schedule of the
     formulation fits, and SolverFailedError when time runs out before any schedule is found.
     `verbose` shows HiGHS's log.
@@ -65,36 +107,35 @@ def solve(problem: Problem, budget: int, *, formulation: str = "compact", implem
     baseline_replay = simulate(problem, baseline)
     if baseline_replay.peak <= budget and not (implementations and problem.choices) and not options:
         # nothing to recompute and nothing else to choose: optimal by definition
-        return Solution(baseline, baseline_replay, budget, formulation, "optimal", 0.0, 0.0, 0.0,
-                        time.perf_counter() - start)
-    model, posed = _model(problem, budget, formulation, implementations, allow_approximate, options)
-    found = warm_starts(posed, budget, _option_sets(posed, implementations, allow_approximate, options))
-    starts = [found] if found else []
-    if formulation == "compact" and implementations and len(options) < len(problem.choices):
-        alone = _checkpointing_alone(problem, budget, options, time_limit / 2, seed)
-        if alone:
-            starts.append(alone)
-    best = min(starts, key=lambda s: s[2].time, default=None)
-    warm = model.warm_start(best[0], best[1]) if best else None
+        return Solution(baseline, baseline_replay, budget, formulation, "optimal", baseline_replay.time,
+                        baseline_replay.time, 0.0, time.perf_counter() - start)
+    kind, posed, fixed = _pose(problem, formulation, implementations, allow_approximate, options)
+    horizon, found = _start(posed, budget, _option_sets(posed, implementations, allow_approximate, options), horizon)
+    model = _model(kind, posed, budget, allow_approximate, fixed, horizon)
+    warm = model.warm_start(*found[:2]) if found else None
+    reference = found[2].time if found else baseline_replay.time
     result = model.milp.solve(time_limit=max(1.0, time_limit - (time.perf_counter() - start)), seed=seed,
-                              warm=warm, verbose=verbose)
+                              warm=warm, verbose=verbose, abs_gap=gap * reference * 1e3)
     if result.status == "infeasible":
         least = least_peak(problem, formulation=formulation, implementations=implementations,
-                           allow_approximate=allow_approximate, options=options, time_limit=time_limit, seed=seed)
-        raise InfeasibleBudgetError(budget, least, formulation)
+                           allow_approximate=allow_approximate, options=options, time_limit=time_limit,
+                           horizon=horizon, seed=seed)
+        raise InfeasibleBudgetError(budget, least, model.name)
     if result.values is None:
         raise SolverFailedError(f"HiGHS stopped ({result.status}) before finding any schedule within "
                                 f"{time_limit:g} s; raise the time limit or the budget")
     schedule = Schedule.from_dict(problem, model.schedule(result.values).to_dict(posed))
     replay = simulate(problem, schedule)
     if replay.peak > budget:
-        raise SolverFailedError(f"internal error: the {formulation} schedule replays to {replay.peak} bytes, "
+        raise SolverFailedError(f"internal error: the {model.name} schedule replays to {replay.peak} bytes, "
                                 f"over the budget of {budget}")
     if baseline_replay.peak <= budget and baseline_replay.time <= replay.time:
         schedule, replay = baseline, baseline_replay  # the rows' safety margin can hide an exact fit
-    return Solution(schedule, replay, budget, formulation, result.status,
-                    objective=result.objective / 1e3, bound=max(0.0, result.bound / 1e3), gap=result.gap,
-                    solve_time=time.perf_counter() - start)
+    objective = model.fixed_time + result.objective / 1e3
+    bound = min(objective, model.fixed_time + max(0.0, result.bound) / 1e3)
+    return Solution(schedule, replay, budget, model.name, result.status, objective, bound,
+                    (objective - bound) / objective if objective > 0 else 0.0, time.perf_counter() - start,
+                    model.stages.horizon)
 
 
 def _option_sets(posed: Problem, implementations: bool, allow_approximate: bool,
@@ -106,29 +147,14 @@ def _option_sets(posed: Problem, implementations: bool, allow_approximate: bool,
     return sets
 
 
-def _checkpointing_alone(problem: Problem, budget: int, options: dict[str, str], time_limit: float,
-                         seed: int) -> tuple[frozenset[int], dict[str, str], Replay] | None:
-    """The compact checkpointing-only schedule (choices at their first option, or as `options`
-    fix) within `time_limit`, as a joint starting point: (dropped tensors, options, replay)."""
-    model, _ = _model(problem, budget, "compact", False, True, options)
-    found = warm_starts(problem, budget, [{c.name: options.get(c.name, c.options[0]) for c in problem.choices}])
-    result = model.milp.solve(time_limit=time_limit, seed=seed,
-                              warm=model.warm_start(found[0], found[1]) if found else None)
-    if result.values is None:
-        return None
-    schedule = model.schedule(result.values)
-    replay = simulate(problem, schedule)
-    if replay.peak > budget:
-        return None
-    return frozenset(t for t, var in model.drop.items() if result.values[var] > 0.5), schedule.options, replay
-
-
-def least_peak(problem: Problem, *, formulation: str = "compact", implementations: bool = True,
+def least_peak(problem: Problem, *, formulation: str = "auto", implementations: bool = True,
                allow_approximate: bool = False, options: dict[str, str] | None = None, time_limit: float = 60.0,
-               seed: int = 0) -> LeastPeak:
+               horizon: int | None | str = "auto", seed: int = 0) -> LeastPeak:
     """The least budget (bytes) that the formulation can meet, as its memory rows count it."""
-    model, posed = _model(problem, None, formulation, implementations, allow_approximate, options or {})
-    start = warm_starts(posed, None, _option_sets(posed, implementations, allow_approximate, options or {}))
+    kind, posed, fixed = _pose(problem, formulation, implementations, allow_approximate, options)
+    horizon, start = _start(posed, None, _option_sets(posed, implementations, allow_approximate, options or {}),
+                            horizon)
+    model = _model(kind, posed, None, allow_approximate, fixed, horizon)
     result = model.milp.solve(time_limit=time_limit, seed=seed, warm=model.warm_start(*start[:2]) if start else None)
     if result.values is not None:
         found = model.memory.least_budget(result.values[model.memory.peak])

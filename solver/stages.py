@@ -21,7 +21,13 @@ def _hull(a: tuple[int, int] | None, b: tuple[int, int]) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Stages:
+    """`horizon` (stages, None: unbounded) limits how early an op may rerun: no more than
+    `horizon` stages before the last stage that may need it, unless the backward reads its
+    outputs earlier. It bounds the formulations' size at the cost of schedules that rerun
+    long chains of ops far ahead of their use."""
+
     problem: Problem
+    horizon: int | None = None
 
     @cached_property
     def stage_of(self) -> dict[int, int]:
@@ -77,7 +83,8 @@ class Stages:
 
     @cached_property
     def windows(self) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
-        """Stages where each droppable forward tensor, and each recomputable op, can be needed."""
+        """Stages where each droppable forward tensor can be needed, and where each recomputable op
+        may rerun (where it can be needed, within the horizon)."""
         p = self.problem
         tensor_win: dict[int, tuple[int, int]] = {}
         op_win: dict[int, tuple[int, int]] = {}
@@ -97,8 +104,21 @@ class Stages:
                     tensor_win[t] = tw
                     win = _hull(win, tw)
             if win is not None and op.recomputable:
+                if self.horizon is not None:
+                    direct = min((self.reads[0][t] for t in op.outputs if t in self.reads[0]), default=win[1])
+                    win = (max(win[0], min(direct, win[1] - self.horizon)), win[1])
                 op_win[op.id] = win
         return tensor_win, op_win
+
+    def admits(self, schedule) -> bool:
+        """Whether every rerun of `schedule` (a Schedule) falls within its op's window."""
+        op_win = self.windows[1]
+        for pos, i in enumerate(schedule.backward):
+            if self.problem.ops[i].phase == "forward":
+                k = next(self.stage_of[j] for j in schedule.backward[pos:] if j in self.stage_of)
+                if i not in op_win or not op_win[i][0] <= k <= op_win[i][1]:
+                    return False
+        return True
 
     @cached_property
     def forward_rows(self) -> list[tuple[int, list[int], list[tuple[int, int, int]]]]:
