@@ -32,8 +32,8 @@ def trace_problem(model: nn.Module, spec: InputSpec, *, cost_model: str = "measu
 def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | float, *,
           input_dtype: str = "float32", input_requires_grad: bool = False, cost_model: str = "measured",
           implementations: bool = True, allow_approximate: bool = False, options: dict[str, str] | None = None,
-          formulation: str = "compact", time_limit: float = 60.0, progress: Progress | None = None,
-          solver_log: bool = False) -> ScheduleFile:
+          formulation: str = "auto", time_limit: float = 60.0, gap: float = 5e-3, horizon: int | None | str = "auto",
+          progress: Progress | None = None, solver_log: bool = False) -> ScheduleFile:
     """The fastest schedule for training `model` on `input_shape` within `budget`.
 
     `budget` is bytes, a size string ('4GiB') or a percentage of the unconstrained peak ('50%').
@@ -42,8 +42,12 @@ def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | floa
     Options that change gradients (few-bit GELU, other convolution algorithms) need
     `allow_approximate`; their measured error is recorded in the schedule. `options` fixes
     implementations ({choice: option}, named as in a schedule's "options"). `formulation` is
-    "compact" (each tensor recomputed at most once; scales) or "general" (any number of
-    recomputations, no implementation choices; reaches lower budgets on small graphs).
+    "compact" (each tensor recomputed at most once; scales), "general" (any number of
+    recomputations, no implementation choices; reaches lower budgets on small graphs) or "auto"
+    (general for small graphs with nothing else to choose, else compact).
+    The solver stops when the predicted step time is proven within `gap` of the formulation's
+    best, or at `time_limit` seconds; `horizon` bounds how many stages ahead of its use an op may
+    rerun ("auto": as long as the graph's size allows; None: unbounded).
     `solver_log` prints HiGHS's progress.
     Nothing is written; call `.save(path)` on the result to keep it.
     """
@@ -54,18 +58,20 @@ def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | floa
         progress("solving", 0, None)
     return solve_traced(problem, budget, type(model).__name__, implementations=implementations,
                         allow_approximate=allow_approximate, options=options, formulation=formulation,
-                        time_limit=time_limit, solver_log=solver_log)
+                        time_limit=time_limit, gap=gap, horizon=horizon, solver_log=solver_log)
 
 
 def solve_traced(problem: Problem, budget: str | int | float, model_name: str, *, implementations: bool = True,
                  allow_approximate: bool = False, options: dict[str, str] | None = None,
-                 formulation: str = "compact", time_limit: float = 60.0,
+                 formulation: str = "auto", time_limit: float = 60.0, gap: float = 5e-3,
+                 horizon: int | None | str = "auto",
                  solver_log: bool = False) -> ScheduleFile:
     """`solve` on an already traced and costed problem (to solve several variants of one)."""
     unconstrained = simulate(problem, keep_all(problem))
     solution = solve_problem(problem, parse_budget(budget, unconstrained.peak), formulation=formulation,
                              implementations=implementations, allow_approximate=allow_approximate,
-                             options=options, time_limit=time_limit, verbose=solver_log)
+                             options=options, time_limit=time_limit, gap=gap, horizon=horizon,
+                             verbose=solver_log)
     meta = problem.meta
     decisions = solution.schedule.to_dict(problem)
     return ScheduleFile(

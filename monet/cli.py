@@ -1,4 +1,4 @@
-"""The `monet` command: demo, solve, inspect."""
+"""The `monet` command: demo, solve, pareto, inspect."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from rich.table import Table
 
 from monet.graph import COST_MODELS, InputSpec, TraceError, UnsupportedGraphError
 from monet.schedules import ScheduleFile, ScheduleFileError, load_schedule
-from monet.solver import FORMULATIONS, InfeasibleBudgetError, SolverFailedError, format_bytes
+from monet.solver import FORMULATIONS, InfeasibleBudgetError, SolverFailedError, format_bytes, keep_all, simulate
 
 from .api import solve, solve_traced, trace_problem
 from .models import BUNDLED, load_model
+from .pareto import STRATEGIES, Point, parse_budget_range, sweep, write_results
 from .runtime import ScheduleMismatchError
 from .training import compare_training
 from .wrapper import MONeTWrapper
@@ -57,15 +58,30 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+def _horizon(text: str) -> int | None | str:
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"horizon {text!r} is not a number of stages, 'none' or 'auto'")
+    return int(text)
+
+
 def _solve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost-model", choices=COST_MODELS, default="measured",
                         help="op times: measured on this machine, or analytic (from FLOPs and bytes; "
                              "deterministic). Workspace is measured either way. Default: measured")
-    parser.add_argument("--formulation", choices=sorted(FORMULATIONS), default="compact",
+    parser.add_argument("--formulation", choices=FORMULATIONS, default="auto",
                         help="compact: each tensor recomputed at most once (scales); general: any number "
-                             "of times (lower budgets, small graphs). Default: compact")
+                             "of times (lower budgets, small graphs, no implementation choices); auto: general "
+                             "for small graphs with nothing else to choose, else compact. Default: auto")
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
                         help="solver time limit; the best schedule found by then is returned. Default: 60")
+    parser.add_argument("--gap", type=float, default=0.5, metavar="PERCENT",
+                        help="stop once the predicted step time is proven within this %% of the best possible "
+                             "in the formulation. Default: 0.5")
+    parser.add_argument("--horizon", type=_horizon, default="auto",
+                        help="how many backward stages ahead of its use an op may rerun: a number, 'none' "
+                             "(unbounded) or 'auto' (as long as the graph's size allows). Default: auto")
     parser.add_argument("--solver-log", action="store_true", help="show HiGHS's log while solving")
     parser.add_argument("--checkpointing-only", action="store_true",
                         help="only choose what to keep and recompute; run every op as PyTorch does")
@@ -100,6 +116,23 @@ def _parser() -> argparse.ArgumentParser:
                          help="also solve with checkpointing alone on the same profile and compare")
     _solve_options(solve_p)
 
+    pareto = sub.add_parser("pareto", help="sweep budgets: predicted time against peak memory, per strategy")
+    pareto.add_argument("model", help=f"bundled model ({', '.join(BUNDLED)}) or package.module:factory")
+    pareto.add_argument("--input-shape", type=parse_shape, required=True, help="e.g. 32,3,224,224")
+    pareto.add_argument("--input-dtype", help="dtype of the input. Default: the bundled model's, else float32")
+    pareto.add_argument("--budgets", default="30%:100%:10%",
+                        help="START:END:STEP or a list (40%%,2GiB), sizes or %% of the unconstrained peak. "
+                             "Default: %(default)s")
+    pareto.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help="comma-separated, from: " + ", ".join(STRATEGIES) + ". Default: all")
+    pareto.add_argument("--cost-model", choices=COST_MODELS, default="measured",
+                        help="op times: measured here, or analytic (deterministic). Default: measured")
+    pareto.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
+                        help="time limit of each solver run. Default: 60")
+    pareto.add_argument("--device", default="cpu", help="device to trace and profile on. Default: cpu")
+    pareto.add_argument("-o", "--output", default="pareto", help="folder for pareto.csv, .md and .png. "
+                        "Default: %(default)s")
+
     inspect = sub.add_parser("inspect", help="show what a schedule keeps and recomputes")
     inspect.add_argument("schedule", help="schedule file, or the name of a bundled schedule")
     return parser
@@ -108,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"demo": _demo, "solve": _solve, "inspect": _inspect}[args.command](args)
+        return {"demo": _demo, "solve": _solve, "pareto": _pareto, "inspect": _inspect}[args.command](args)
     except (InfeasibleBudgetError, SolverFailedError, ScheduleFileError, ScheduleMismatchError, TraceError,
             UnsupportedGraphError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -123,7 +156,8 @@ def _solve(args) -> int:
     spec = InputSpec(args.input_shape, dtype, args.input_requires_grad)
     name = type(model).__name__
     settings = dict(allow_approximate=args.allow_approximate, formulation=args.formulation,
-                    time_limit=args.time_limit, solver_log=args.solver_log)
+                    time_limit=args.time_limit, gap=args.gap / 100, horizon=args.horizon,
+                    solver_log=args.solver_log)
     with _progress() as progress:
         problem = trace_problem(model, spec, cost_model=args.cost_model,
                                 implementations=not args.checkpointing_only, progress=progress)
@@ -185,6 +219,40 @@ def _inspect(args) -> int:
     return 0
 
 
+def _pareto(args) -> int:
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    model = load_model(args.model).to(args.device)
+    dtype = args.input_dtype or (BUNDLED[args.model].input_dtype if args.model in BUNDLED else "float32")
+    spec = InputSpec(args.input_shape, dtype, False)
+    with _progress() as progress:
+        problem = trace_problem(model, spec, cost_model=args.cost_model, implementations="monet" in strategies,
+                                progress=progress)
+    full = simulate(problem, keep_all(problem))
+    budgets = parse_budget_range(args.budgets, full.peak)
+    runs = sum(len(budgets) if STRATEGIES[s][1] else 1 for s in strategies if s in STRATEGIES)
+    with _progress() as progress:
+        done = []
+
+        def on_point(point: Point) -> None:
+            done.append(point)
+            progress(f"sweeping ({point.strategy})", len(done), runs)
+
+        points = sweep(problem, budgets, strategies, time_limit=args.time_limit, on_point=on_point)
+    title = f"{type(model).__name__} {'x'.join(map(str, spec.shape))}, {args.device}, {args.cost_model} costs"
+    paths = write_results(points, (full.peak, full.time), args.output, title)
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for col in ("strategy", "budget", "peak", "predicted time", "overhead", "status"):
+        table.add_column(col, justify="left" if col in ("strategy", "status") else "right")
+    for p in points:
+        table.add_row(p.strategy, "-" if p.budget is None else format_bytes(p.budget),
+                      "-" if p.peak is None else format_bytes(p.peak),
+                      "-" if p.time is None else f"{p.time * 1e3:.1f} ms",
+                      "-" if p.time is None else f"{p.time / full.time - 1:+.1%}", p.status)
+    console.print(table)
+    console.print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
 def _print_summary(schedule: ScheduleFile) -> None:
     pred, solver = schedule.predicted, schedule.solver
     shape = "x".join(map(str, schedule.input["shape"]))
@@ -197,7 +265,7 @@ def _print_summary(schedule: ScheduleFile) -> None:
                                     f"of {format_bytes(pred['unconstrained_peak'])} unconstrained)")
     overhead = pred["time"] / pred["unconstrained_time"] - 1
     table.add_row("predicted step time", f"{pred['time'] * 1e3:.1f} ms ({overhead:+.1%})")
-    gap = f", gap {solver['mip_gap']:.2%}" if "mip_gap" in solver else ""
+    gap = f", within {solver['gap']:.2%} of its bound" if "gap" in solver else ""
     table.add_row("solver", f"{solver['formulation']}: {solver['status']}{gap}, {solver.get('solve_time_s', 0):.2f} s")
     saved = schedule.schedule["saved"]
     table.add_row("kept tensors", f"{len(saved)} ({format_bytes(sum(saved.values()))})")
@@ -220,7 +288,8 @@ def _demo(args) -> int:
         run_model = copy.deepcopy(model)
         with _progress() as progress:
             schedule = solve(run_model, shape, budget, cost_model=args.cost_model, formulation=args.formulation,
-                             time_limit=args.time_limit, progress=progress, solver_log=args.solver_log)
+                             time_limit=args.time_limit, gap=args.gap / 100, horizon=args.horizon,
+                             progress=progress, solver_log=args.solver_log)
         runs[f"monet {budget}"] = (MONeTWrapper(run_model, schedule, shape), schedule)
     stats = compare_training({name: module for name, (module, _) in runs.items()}, x, loss, args.steps)
     rows = [(name, schedule, stats[name], schedule.solver["solve_time_s"] if schedule else None)

@@ -3,6 +3,8 @@
 Nothing here imports torch: a problem written to JSON anywhere can be solved here.
 """
 
+from .baselines import chen_greedy, chen_sqrt, revolve
+from .checkmate import checkmate
 from .problem import Choice, Impl, Op, Problem, ProblemError, Tensor
 from .result import InfeasibleBudgetError, LeastPeak, Solution, SolverFailedError, format_bytes
 from .schedule import Schedule, ScheduleError, keep_all, validate
@@ -12,5 +14,5 @@ from .solve import FORMULATIONS, least_peak, solve
 __all__ = [
     "Choice", "Impl", "InfeasibleBudgetError", "LeastPeak", "Op", "Problem", "ProblemError", "Replay", "Schedule",
     "ScheduleError", "Solution", "SolverFailedError", "Tensor", "format_bytes", "keep_all", "least_peak", "simulate",
-    "solve", "validate", "FORMULATIONS",
+    "solve", "validate", "FORMULATIONS", "checkmate", "chen_greedy", "chen_sqrt", "revolve",
 ]

@@ -1,5 +1,6 @@
-"""The `monet` command: solve, inspect and demo, and its errors."""
+"""The `monet` command: solve, pareto, inspect and demo, and its errors."""
 
+import csv
 import json
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from monet.cli import main
+from monet.pareto import STRATEGIES
 
 
 def run(capsys, *argv):
@@ -43,6 +45,29 @@ def test_ablation_compares_with_checkpointing_alone(tmp_path, capsys):
     code, _, err = run(capsys, "solve", "factories:small_mlp", "--input-shape", "1024,32", "--budget", "60%",
                        "-o", str(path), "--ablation", "--checkpointing-only")
     assert code == 2 and "give one of them" in err
+
+
+def test_pareto_sweeps_every_strategy_and_writes_table_and_plot(tmp_path, capsys):
+    code, out, _ = run(capsys, "pareto", "factories:small_mlp", "--input-shape", "1024,32", "--budgets", "50%:90%:20%",
+                       "--cost-model", "analytic", "--time-limit", "10", "-o", str(tmp_path))
+    assert code == 0, out
+    with open(tmp_path / "pareto.csv") as f:
+        rows = list(csv.DictReader(f))
+    by_strategy = {}
+    for row in rows:
+        by_strategy.setdefault(row["strategy"], []).append(row)
+    assert set(by_strategy) == set(STRATEGIES)
+    assert [int(r["budget"]) for r in by_strategy["monet"]] == [int(r["budget"]) for r in by_strategy["checkmate"]]
+    assert len(by_strategy["monet"]) == 3 and len(by_strategy["keep-all"]) == 1
+    for row in by_strategy["monet"] + by_strategy["monet-checkpointing"]:
+        assert row["status"] in ("optimal", "time_limit") and int(row["peak"]) <= int(row["budget"])
+    monet = {r["budget"]: float(r["time"]) for r in by_strategy["monet"]}
+    for row in by_strategy["chen-greedy"] + by_strategy["checkmate"]:
+        if row["peak"] and int(row["peak"]) <= int(row["budget"]):
+            assert monet[row["budget"]] <= float(row["time"]) * (1 + 1e-3)  # the gap monet stops at
+    assert (tmp_path / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| monet |" in (tmp_path / "pareto.md").read_text()
+    assert "wrote" in out and not list(tmp_path.glob(".*tmp"))
 
 
 def test_infeasible_budget_fails_cleanly_and_writes_nothing(tmp_path, capsys):

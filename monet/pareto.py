@@ -1,0 +1,163 @@
+"""Budget sweeps: predicted step time against peak memory, one line per strategy.
+
+Every strategy returns a schedule of the same problem, and every point is that
+schedule replayed by the one simulator, so the lines compare like with like.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from monet.schedules import write_atomic
+from monet.solver import InfeasibleBudgetError, Problem, Schedule, SolverFailedError, simulate, solve
+from monet.solver.baselines import STRATEGIES as BASELINES
+from monet.solver.checkmate import checkmate
+
+from .budget import parse_budget
+
+# name -> (problem, budget or None, time limit) -> (schedule, status, gap or None).
+# Strategies that take no budget are run once, with budget None.
+Strategy = Callable[[Problem, int | None, float], tuple[Schedule, str, float | None]]
+
+
+def _solved(**settings) -> Strategy:
+    def run(problem: Problem, budget: int | None, time_limit: float):
+        solution = solve(problem, budget, time_limit=time_limit, **settings)
+        return solution.schedule, solution.status, solution.gap
+    return run
+
+
+def _checkmate(problem: Problem, budget: int | None, time_limit: float):
+    solution = checkmate(problem, budget, time_limit=time_limit)
+    return solution.schedule, solution.status, solution.gap
+
+
+STRATEGIES: dict[str, tuple[Strategy, bool]] = {  # name -> (strategy, takes a budget)
+    "monet": (_solved(), True),
+    "monet-checkpointing": (_solved(implementations=False), True),
+    "checkmate": (_checkmate, True),
+    **{name: (lambda p, b, _, run=run: (run(p, b), "heuristic", None), name == "chen-greedy")
+       for name, run in BASELINES.items()},
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One strategy at one budget (None: a strategy without one); peak and time None when it found nothing."""
+
+    strategy: str
+    budget: int | None
+    peak: int | None
+    time: float | None
+    status: str
+    gap: float | None
+    solve_time: float
+
+
+def parse_budget_range(text: str, unconstrained_peak: int) -> list[int]:
+    """'30%:100%:10%' -> budgets from 30 % to 100 % in steps of 10 % (the end included);
+    a single budget or a comma-separated list works too ('40%,2GiB')."""
+    if ":" not in text:
+        return [parse_budget(part, unconstrained_peak) for part in text.split(",") if part.strip()]
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"budget range {text!r} is not START:END:STEP, e.g. 30%:100%:10%")
+    start, end, step = (parse_budget(part, unconstrained_peak) for part in parts)
+    if step <= 0 or end < start:
+        raise ValueError(f"budget range {text!r} must have START <= END and a positive STEP")
+    count = int((end - start) / step + 1e-9) + 1
+    return [start + i * step for i in range(count)]
+
+
+def sweep(problem: Problem, budgets: Sequence[int], strategies: Sequence[str], *, time_limit: float = 60.0,
+          on_point: Callable[[Point], None] | None = None) -> list[Point]:
+    """Every strategy at every budget (once, for strategies without one), replayed by the simulator."""
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+    points = []
+    for name in strategies:
+        run, budgeted = STRATEGIES[name]
+        for budget in budgets if budgeted else [None]:
+            start = time.perf_counter()
+            try:
+                schedule, status, gap = run(problem, budget, time_limit)
+            except (InfeasibleBudgetError, SolverFailedError, ValueError) as exc:
+                status = "infeasible" if isinstance(exc, InfeasibleBudgetError) else "no schedule"
+                point = Point(name, budget, None, None, status, None, time.perf_counter() - start)
+            else:
+                replay = simulate(problem, schedule)
+                if budget is not None and replay.peak > budget:
+                    status = "over budget"
+                point = Point(name, budget, replay.peak, replay.time, status, gap, time.perf_counter() - start)
+            points.append(point)
+            if on_point:
+                on_point(point)
+    return points
+
+
+def _rows(points: list[Point], unconstrained: tuple[int, float]) -> list[dict]:
+    peak0, time0 = unconstrained
+    out = []
+    for p in points:
+        out.append({
+            **asdict(p),
+            "budget_pct": None if p.budget is None else round(100 * p.budget / peak0, 2),
+            "peak_pct": None if p.peak is None else round(100 * p.peak / peak0, 2),
+            "overhead_pct": None if p.time is None else round(100 * (p.time / time0 - 1), 3),
+        })
+    return out
+
+
+def write_results(points: list[Point], unconstrained: tuple[int, float], out_dir: str | Path, title: str) -> list[Path]:
+    """pareto.csv, pareto.md and pareto.png in `out_dir` (each written atomically)."""
+    out_dir = Path(out_dir)
+    rows = _rows(points, unconstrained)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return [write_atomic(out_dir / "pareto.csv", text.getvalue()),
+            write_atomic(out_dir / "pareto.md", markdown_table(rows, title)),
+            write_atomic(out_dir / "pareto.png", _plot(rows, title))]
+
+
+def markdown_table(rows: list[dict], title: str) -> str:
+    def pct(value, digits=1, scale=1):
+        return "-" if value is None else f"{value * scale:.{digits}f} %"
+
+    lines = [f"### {title}", "", "| strategy | budget | peak | predicted overhead | gap | status | solve |",
+             "|---|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        lines.append(f"| {r['strategy']} | {pct(r['budget_pct'], 0)} | {pct(r['peak_pct'])} | "
+                     f"{pct(r['overhead_pct'], 2)} | {pct(r['gap'], 2, 100)} | {r['status']} | "
+                     f"{r['solve_time']:.1f} s |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: list[dict], title: str) -> bytes:
+    """A PNG: predicted overhead against peak (both relative to keeping everything), a line per strategy."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for name in dict.fromkeys(r["strategy"] for r in rows):
+        found = sorted((r["peak_pct"], r["overhead_pct"]) for r in rows
+                       if r["strategy"] == name and r["peak_pct"] is not None)
+        if found:
+            ax.plot(*zip(*found, strict=True), marker="o", label=name)
+    ax.set_xlabel("peak memory (% of keeping everything)")
+    ax.set_ylabel("predicted step time overhead (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
