@@ -20,10 +20,12 @@ setup(
         "highspy>=1.15",
         "numpy",
         "rich",
+        "matplotlib",
         "jsonschema",
     ],
     extras_require={
         "transformers": ["transformers>=5"],
+        "benchmarks": ["transformers>=5", "monai"],
         "test": ["pytest", "hypothesis", "transformers>=5"],
     },
     entry_points={"console_scripts": ["monet=monet.cli:main"]},

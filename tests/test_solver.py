@@ -15,7 +15,9 @@ from monet.solver import (
     solve,
     validate,
 )
+from monet.solver.compact import Compact
 from monet.solver.heuristics import best_first_need, recompute_at_first_need
+from monet.solver.stages import Stages
 
 
 def unconstrained(problem):
@@ -144,3 +146,41 @@ def test_general_formulation_solves_as_pytorch_runs():
     validate(p, solution.schedule)
     plain = p.resolve({})
     assert simulate(plain, keep_all(plain)).peak == unconstrained(p)
+
+
+# ---- scale: horizon, gap, reductions ------------------------------------------------------------
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), size=st.integers(4, 9), fraction=st.sampled_from([0.9, 0.7, 0.5]),
+       horizon=st.sampled_from([0, 1, 2]))
+def test_a_horizon_only_restricts_when_ops_rerun(seed, size, fraction, horizon):
+    p = random_dag(seed, size)
+    budget = int(unconstrained(p) * fraction)
+    try:
+        bounded = solve(p, budget, formulation="compact", horizon=horizon, gap=0, time_limit=20)
+    except InfeasibleBudgetError:
+        return
+    validate(p, bounded.schedule)
+    assert bounded.peak <= budget and bounded.horizon == horizon
+    assert Stages(p, horizon).admits(bounded.schedule)
+    free = solve(p, budget, formulation="compact", horizon=None, gap=0, time_limit=20)
+    assert free.replay.time <= bounded.replay.time * (1 + 1e-4)  # a horizon never finds a faster schedule
+
+
+def test_every_solution_states_its_bound_and_gap():
+    p = random_dag(0, 12)  # its least compact peak is 85 % of keeping everything
+    for fraction in (0.95, 0.9):
+        solution = solve(p, int(unconstrained(p) * fraction), formulation="compact")
+        assert solution.bound <= solution.objective
+        assert solution.gap == pytest.approx((solution.objective - solution.bound) / solution.objective)
+        assert solution.gap <= 5e-3 or solution.status == "time_limit"
+        assert solution.objective == pytest.approx(solution.replay.time, rel=1e-6)
+
+
+def test_dominated_options_are_left_out():
+    p = relu_chain(3)
+    assert Compact(p, None).better == {}  # exact options trade memory for time: none dominates
+    # with approximate options allowed, "sketch" reads the same mask in less time than "mask"
+    assert Compact(p, None, allow_approximate=True).better == {(f"mask{i}", 1): 2 for i in range(3)}
+    solution = solve(p, int(unconstrained(p) * 0.7), allow_approximate=True)
+    assert "mask" not in solution.schedule.options.values()
