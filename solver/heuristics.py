@@ -8,6 +8,7 @@ so a keep set found here (with its options) is a valid starting point (warm star
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .problem import Problem
 from .schedule import DROPPABLE_ROLES, Schedule
@@ -110,8 +111,8 @@ def best_first_need(problem: Problem, budget: int | None,
                     admits: Callable[[Schedule], bool] | None = None) -> tuple[frozenset[int], Replay] | None:
     """The fastest of Chen's candidate drop sets whose first-need schedule fits `budget`, or
     (budget None) the one with the least peak (on a problem without choices); with `admits`,
-    only schedules it admits count."""
-    best = None
+    only schedules it admits count. When none fits, the least-peak one is shaved to fit."""
+    best = least = None
     for dropped in chen_candidates(problem):
         schedule = recompute_at_first_need(problem, dropped)
         if admits is not None and not admits(schedule):
@@ -120,32 +121,72 @@ def best_first_need(problem: Problem, budget: int | None,
         key = (replay.peak, replay.time) if budget is None else (replay.time,)
         if (budget is None or replay.peak <= budget) and (best is None or key < best[0]):
             best = (key, dropped, replay)
+        if least is None or (replay.peak, replay.time) < (least[1].peak, least[1].time):
+            least = (dropped, replay)
+    if best is None and least is not None and budget is not None:
+        return shave(problem, *least, budget, admits)
     return best[1:] if best else None
 
 
+SHAVE_CANDIDATES = 8  # the largest droppable tensors live at the peak, tried each round
+
+
+def shave(problem: Problem, dropped: frozenset[int], replay: Replay, budget: int,
+          admits: Callable[[Schedule], bool] | None = None) -> tuple[frozenset[int], Replay] | None:
+    """Drop one more tensor at a time, among the largest kept ones live at the peak, whichever
+    lowers the peak most (ties: the faster), until the first-need schedule fits `budget`; None
+    when no single drop lowers the peak any more."""
+    tensor_win, op_win = Stages(problem).windows
+    droppable = {t for t in tensor_win if problem.tensors[t].producer in op_win}
+    while replay.peak > budget:
+        live = sorted((t for t in replay.peak_live if t in droppable and t not in dropped),
+                      key=lambda t: -problem.tensors[t].bytes)[:SHAVE_CANDIDATES]
+        best = None
+        for t in live:
+            schedule = recompute_at_first_need(problem, dropped | {t})
+            if admits is not None and not admits(schedule):
+                continue
+            after = simulate(problem, schedule)
+            if after.peak < replay.peak and (best is None or (after.peak, after.time) < (best[1].peak, best[1].time)):
+                best = (dropped | {t}, after)
+        if best is None:
+            return None
+        dropped, replay = best
+    return dropped, replay
+
+
+@dataclass(frozen=True)
+class Start:
+    """A heuristic schedule to start a solver from: its dropped tensors and options (ids and names
+    of the problem it was made for), the schedule itself and its replay."""
+
+    dropped: frozenset[int]
+    options: dict[str, str]
+    schedule: Schedule
+    replay: Replay
+
+
 def warm_starts(problem: Problem, budget: int | None, option_sets: list[dict[str, str]],
-                horizon: int | None = None) -> tuple[frozenset[int], dict[str, str], Replay] | None:
+                horizon: int | None = None) -> Start | None:
     """The fastest first-need schedule that fits `budget` (None: the one with the least peak)
-    with any of `option_sets`, rerunning no op earlier than `horizon` allows (see Stages):
-    (dropped tensor ids of `problem`, options, its replay)."""
+    with any of `option_sets`, rerunning no op earlier than `horizon` allows (see Stages)."""
     stages = Stages(problem, horizon)
     best = None
     for options in option_sets:
         plain = problem.resolve(options)
 
-        def admits(schedule: Schedule, plain=plain, options=options) -> bool:
-            as_posed = Schedule.from_dict(problem, {**schedule.to_dict(plain), "options": options})
-            return stages.admits(as_posed)
+        def posed(schedule: Schedule, plain=plain, options=options) -> Schedule:
+            return Schedule.from_dict(problem, {**schedule.to_dict(plain), "options": options})
 
-        found = best_first_need(plain, budget, None if horizon is None else admits)
+        found = best_first_need(plain, budget, None if horizon is None else lambda s: stages.admits(posed(s)))
         if not found:
             continue
         key = (found[1].peak, found[1].time) if budget is None else (found[1].time,)
         if best is None or key < best[0]:
             dropped = frozenset(problem.tensor_named(plain.tensors[t].name).id for t in found[0])
-            best = (key, (dropped, options, found[1]))
+            best = (key, Start(dropped, options, posed(recompute_at_first_need(plain, found[0])), found[1]))
     return best[1] if best else None
 
 
-__all__ = ["best_first_need", "chen_candidates", "lean_options", "recompute_at_first_need", "segment_cuts",
-           "warm_starts"]
+__all__ = ["Start", "best_first_need", "chen_candidates", "lean_options", "recompute_at_first_need",
+           "segment_cuts", "shave", "warm_starts"]

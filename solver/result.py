@@ -44,7 +44,9 @@ class Solution:
     replay: Replay
     budget: int
     formulation: str
-    status: str  # "optimal" (within the gap asked for) or "time_limit" (best schedule found when time ran out)
+    # "optimal" (within the gap asked for), "time_limit" (the best schedule found when time ran out)
+    # or "heuristic" (the starting schedule, where the formulation found none in time)
+    status: str
     objective: float  # predicted step time, as the formulation prices it
     bound: float  # proven lower bound on the step time of any schedule of the formulation
     gap: float  # (objective - bound) / objective

@@ -9,11 +9,11 @@ import numpy as np
 from .compact import Compact
 from .formulation import Formulation
 from .general import General
-from .heuristics import lean_options, warm_starts
+from .heuristics import Start, lean_options, warm_starts
 from .problem import Problem
 from .result import InfeasibleBudgetError, LeastPeak, Solution, SolverFailedError
 from .schedule import Schedule, keep_all
-from .simulate import Replay, simulate
+from .simulate import simulate
 from .stages import Stages
 
 FORMULATIONS = ("auto", "compact", "general")
@@ -57,7 +57,7 @@ def _pose(problem: Problem, formulation: str, implementations: bool, allow_appro
 
 
 def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]], horizon: int | None | str
-           ) -> tuple[int | None, tuple[frozenset[int], dict[str, str], Replay] | None]:
+           ) -> tuple[int | None, Start | None]:
     """The horizon to pose the model with, and the heuristic schedule to start from (see warm_starts).
     An "auto" horizon that admits no heuristic schedule within the budget is lengthened until one does."""
     if horizon != "auto":
@@ -112,10 +112,16 @@ def solve(problem: Problem, budget: int, *, formulation: str = "auto", implement
     kind, posed, fixed = _pose(problem, formulation, implementations, allow_approximate, options)
     horizon, found = _start(posed, budget, _option_sets(posed, implementations, allow_approximate, options), horizon)
     model = _model(kind, posed, budget, allow_approximate, fixed, horizon)
-    warm = model.warm_start(*found[:2]) if found else None
-    reference = found[2].time if found else baseline_replay.time
+    warm = model.warm_start(found.dropped, found.options) if found else None
+    reference = found.replay.time if found else baseline_replay.time
     result = model.milp.solve(time_limit=max(1.0, time_limit - (time.perf_counter() - start)), seed=seed,
                               warm=warm, verbose=verbose, abs_gap=gap * reference * 1e3)
+    if result.values is None and found:
+        # The heuristic schedule fits (the simulator says so) where the formulation's rows, which
+        # can overcount, found nothing: it stands, with the formulation's bound where it has one.
+        bound = model.fixed_time + (max(0.0, result.bound) / 1e3 if np.isfinite(result.bound) else 0.0)
+        return _solution(Schedule.from_dict(problem, found.schedule.to_dict(posed)), problem, budget, model,
+                         "heuristic", found.replay.time, bound, start)
     if result.status == "infeasible":
         least = least_peak(problem, formulation=formulation, implementations=implementations,
                            allow_approximate=allow_approximate, options=options, time_limit=time_limit,
@@ -125,15 +131,22 @@ def solve(problem: Problem, budget: int, *, formulation: str = "auto", implement
         raise SolverFailedError(f"HiGHS stopped ({result.status}) before finding any schedule within "
                                 f"{time_limit:g} s; raise the time limit or the budget")
     schedule = Schedule.from_dict(problem, model.schedule(result.values).to_dict(posed))
+    if baseline_replay.peak <= budget and baseline_replay.time <= simulate(problem, schedule).time:
+        schedule = baseline  # the rows' safety margin can hide an exact fit
+    objective = model.fixed_time + result.objective / 1e3
+    return _solution(schedule, problem, budget, model, result.status, objective,
+                     model.fixed_time + max(0.0, result.bound) / 1e3, start)
+
+
+def _solution(schedule: Schedule, problem: Problem, budget: int, model: Formulation, status: str, objective: float,
+              bound: float, start: float) -> Solution:
+    """The Solution for `schedule`, replayed; its peak must fit."""
     replay = simulate(problem, schedule)
     if replay.peak > budget:
         raise SolverFailedError(f"internal error: the {model.name} schedule replays to {replay.peak} bytes, "
                                 f"over the budget of {budget}")
-    if baseline_replay.peak <= budget and baseline_replay.time <= replay.time:
-        schedule, replay = baseline, baseline_replay  # the rows' safety margin can hide an exact fit
-    objective = model.fixed_time + result.objective / 1e3
-    bound = min(objective, model.fixed_time + max(0.0, result.bound) / 1e3)
-    return Solution(schedule, replay, budget, model.name, result.status, objective, bound,
+    bound = min(objective, bound)
+    return Solution(schedule, replay, budget, model.name, status, objective, bound,
                     (objective - bound) / objective if objective > 0 else 0.0, time.perf_counter() - start,
                     model.stages.horizon)
 
@@ -155,11 +168,12 @@ def least_peak(problem: Problem, *, formulation: str = "auto", implementations: 
     horizon, start = _start(posed, None, _option_sets(posed, implementations, allow_approximate, options or {}),
                             horizon)
     model = _model(kind, posed, None, allow_approximate, fixed, horizon)
-    result = model.milp.solve(time_limit=time_limit, seed=seed, warm=model.warm_start(*start[:2]) if start else None)
+    result = model.milp.solve(time_limit=time_limit, seed=seed,
+                              warm=model.warm_start(start.dropped, start.options) if start else None)
     if result.values is not None:
         found = model.memory.least_budget(result.values[model.memory.peak])
     elif start:  # HiGHS improved on nothing in time: the heuristic schedule's peak stands
-        found = start[2].peak
+        found = start.replay.peak
     else:
         raise SolverFailedError(f"HiGHS found no schedule at any budget within {time_limit:g} s ({result.status})")
     bound = model.memory.least_budget(result.bound) if np.isfinite(result.bound) else 0

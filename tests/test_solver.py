@@ -184,3 +184,19 @@ def test_dominated_options_are_left_out():
     assert Compact(p, None, allow_approximate=True).better == {(f"mask{i}", 1): 2 for i in range(3)}
     solution = solve(p, int(unconstrained(p) * 0.7), allow_approximate=True)
     assert "mask" not in solution.schedule.options.values()
+
+
+def test_shaving_fits_budgets_below_chens_least_peak():
+    shaved = 0
+    for seed in range(20):
+        p = random_dag(seed, 10)
+        chen_least = best_first_need(p, None)[1].peak
+        found = best_first_need(p, chen_least - 1)
+        if found is None:
+            continue
+        shaved += 1
+        dropped, replay = found
+        schedule = recompute_at_first_need(p, dropped)
+        validate(p, schedule)
+        assert simulate(p, schedule).peak == replay.peak < chen_least
+    assert shaved >= 3
