@@ -3,7 +3,7 @@
 Each model is traced once with analytic op times (deterministic; workspace is measured) and the
 problem is cached as JSON. At each budget the monet ILP and Checkmate's MILP get the same time
 limit; the table gives each one's predicted step time, its proven bound and gap, the replayed
-peak and the solver's wall time. Results also go to a JSON file.
+peak and the solver's wall time. Results also go to a JSON file and a markdown table next to it.
 
     python benchmarks/solver_scale.py                       # both models, 30 % 50 % 70 %, 60 s each
     python benchmarks/solver_scale.py --models resnet50 --budgets 50% --no-checkmate
@@ -93,24 +93,37 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 console.log({k: v for k, v in row.items() if k != "error"})
     write_json(args.output, {"time_limit_s": args.time_limit, "rows": rows})
+    markdown = write_atomic(Path(args.output).with_suffix(".md"), _markdown(rows))
     console.print(_table(rows))
-    console.log(f"wrote {args.output}")
+    console.log(f"wrote {args.output} and {markdown}")
     return 0
+
+
+COLUMNS = ("model", "budget", "strategy", "status", "step time", "overhead", "bound", "gap", "peak", "solve")
+
+
+def _cells(r: dict) -> list[str]:
+    head = [r["model"], r["budget"], r["strategy"], r["status"]]
+    if "time_s" not in r:
+        return head + ["-"] * 5 + [f"{r['wall_s']:.1f} s"]
+    return head + [f"{r['time_s']:.4f} s", f"{r['time_s'] / r['unconstrained_time_s'] - 1:+.2%}",
+                   f"{r['bound_s']:.4f} s", f"{r['gap']:.2%}", f"{r['peak'] / r['unconstrained_peak']:.1%}",
+                   f"{r['wall_s']:.1f} s"]
 
 
 def _table(rows: list[dict]) -> Table:
     table = Table(title="solver at scale (predicted step time; gap = proven distance from the formulation's best)")
-    for col in ("model", "budget", "strategy", "status", "step time", "overhead", "bound", "gap", "peak", "solve"):
+    for col in COLUMNS:
         table.add_column(col, justify="left" if col in ("model", "budget", "strategy", "status") else "right")
     for r in rows:
-        if "time_s" not in r:
-            table.add_row(r["model"], r["budget"], r["strategy"], r["status"], "-", "-", "-", "-", "-",
-                          f"{r['wall_s']:.1f} s")
-            continue
-        table.add_row(r["model"], r["budget"], r["strategy"], r["status"], f"{r['time_s']:.4f} s",
-                      f"{r['time_s'] / r['unconstrained_time_s'] - 1:+.2%}", f"{r['bound_s']:.4f} s",
-                      f"{r['gap']:.2%}", f"{r['peak'] / r['unconstrained_peak']:.1%}", f"{r['wall_s']:.1f} s")
+        table.add_row(*_cells(r))
     return table
+
+
+def _markdown(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -152,6 +152,8 @@ def _plot(rows: list[dict], title: str) -> bytes:
                        if r["strategy"] == name and r["peak_pct"] is not None)
         if found:
             ax.plot(*zip(*found, strict=True), marker="o", label=name)
+        else:
+            ax.plot([], [], label=f"{name}: no schedule")
     ax.set_xlabel("peak memory (% of keeping everything)")
     ax.set_ylabel("predicted step time overhead (%)")
     ax.set_title(title)
