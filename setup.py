@@ -26,7 +26,7 @@ setup(
     extras_require={
         "transformers": ["transformers>=5"],
         "benchmarks": ["transformers>=5", "monai"],
-        "test": ["pytest", "hypothesis", "transformers>=5"],
+        "test": ["pytest", "hypothesis", "transformers>=5", "monai"],
     },
     entry_points={"console_scripts": ["monet=monet.cli:main"]},
 )
