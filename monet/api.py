@@ -8,7 +8,7 @@ from torch import nn
 
 from monet.graph import InputSpec, TracedStep, analyze, costed_problem
 from monet.schedules import ScheduleFile
-from monet.solver import Problem, keep_all, simulate
+from monet.solver import Problem, Schedule, keep_all, simulate
 from monet.solver import solve as solve_problem
 
 from .budget import parse_budget
@@ -64,13 +64,16 @@ def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | floa
 def solve_traced(problem: Problem, budget: str | int | float, model_name: str, *, implementations: bool = True,
                  allow_approximate: bool = False, options: dict[str, str] | None = None,
                  formulation: str = "auto", time_limit: float = 60.0, gap: float = 5e-3,
-                 horizon: int | None | str = "auto",
+                 horizon: int | None | str = "auto", start: ScheduleFile | None = None,
                  solver_log: bool = False) -> ScheduleFile:
-    """`solve` on an already traced and costed problem (to solve several variants of one)."""
+    """`solve` on an already traced and costed problem (to solve several variants of one);
+    `start`, a schedule solved on the same problem, is a starting point the result is no slower than."""
     unconstrained = simulate(problem, keep_all(problem))
     solution = solve_problem(problem, parse_budget(budget, unconstrained.peak), formulation=formulation,
                              implementations=implementations, allow_approximate=allow_approximate,
                              options=options, time_limit=time_limit, gap=gap, horizon=horizon,
+                             start=start and Schedule.from_dict(problem, {**start.schedule,
+                                                                          "saved": list(start.schedule["saved"])}),
                              verbose=solver_log)
     meta = problem.meta
     decisions = solution.schedule.to_dict(problem)

@@ -113,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="the input needs a gradient too (costs memory)")
     solve_p.add_argument("--device", default="cpu", help="device to trace and profile on. Default: cpu")
     solve_p.add_argument("--ablation", action="store_true",
-                         help="also solve with checkpointing alone on the same profile and compare")
+                         help="also solve with checkpointing alone on the same profile, start the joint "
+                              "search from that schedule, and compare")
     _solve_options(solve_p)
 
     pareto = sub.add_parser("pareto", help="sweep budgets: predicted time against peak memory, per strategy")
@@ -161,14 +162,16 @@ def _solve(args) -> int:
     with _progress() as progress:
         problem = trace_problem(model, spec, cost_model=args.cost_model,
                                 implementations=not args.checkpointing_only, progress=progress)
-        progress("solving", 0, None)
-        schedule = solve_traced(problem, args.budget, name, implementations=not args.checkpointing_only, **settings)
-        if args.ablation:
+        alone = None
+        if args.ablation:  # checkpointing alone first: the joint search starts from its schedule
             progress("solving with checkpointing alone", 0, None)
             try:
                 alone = solve_traced(problem, args.budget, name, implementations=False, **settings)
             except (InfeasibleBudgetError, SolverFailedError) as exc:
                 alone = exc
+        progress("solving", 0, None)
+        schedule = solve_traced(problem, args.budget, name, implementations=not args.checkpointing_only,
+                                start=alone if isinstance(alone, ScheduleFile) else None, **settings)
     path = schedule.save(args.output)
     _print_summary(schedule)
     if args.ablation:

@@ -81,7 +81,8 @@ def _model(formulation: str, posed: Problem, budget: int | None, allow_approxima
 
 def solve(problem: Problem, budget: int, *, formulation: str = "auto", implementations: bool = True,
           allow_approximate: bool = False, options: dict[str, str] | None = None, time_limit: float = 60.0,
-          gap: float = 5e-3, horizon: int | None | str = "auto", seed: int = 0, verbose: bool = False) -> Solution:
+          gap: float = 5e-3, horizon: int | None | str = "auto", start: Schedule | None = None, seed: int = 0,
+          verbose: bool = False) -> Solution:
     """The fastest schedule whose replayed peak stays within `budget` bytes.
 
     `implementations` lets the solver choose how ops run (the problem's choices) jointly with
@@ -93,35 +94,41 @@ def solve(problem: Problem, budget: int, *, formulation: str = "auto", implement
     GENERAL_UP_TO forward ops with nothing to choose, else compact). `horizon` bounds how early an op
     may rerun, in stages (None: unbounded; "auto": as long as the problem's size allows).
     The solver starts from the fastest of Chen's greedy schedules that fits, with ops run as
-    PyTorch runs them or in their leanest way, and stops when the predicted step time is proven
-    within `gap` (relative) of the best possible in the formulation, or at `time_limit` seconds
-    with the best schedule found and its proven gap. Same input, same seed: same schedule, unless
-    the time limit cuts the search.
+    PyTorch runs them or in their leanest way, or from `start` (a schedule of this problem, e.g.
+    checkpointing alone) where that fits and is faster (compact formulation), and stops when the
+    predicted step time is proven within `gap` (relative) of the best possible in the formulation,
+    or at `time_limit` seconds with the best schedule found and its proven gap. Same input, same
+    seed: same schedule, unless the time limit cuts the search.
     Raises InfeasibleBudgetError (stating the least peak) when no schedule of the
     formulation fits, and SolverFailedError when time runs out before any schedule is found.
     `verbose` shows HiGHS's log.
     """
-    start = time.perf_counter()
+    began = time.perf_counter()
     options = options or {}
     baseline = keep_all(problem, options)
     baseline_replay = simulate(problem, baseline)
     if baseline_replay.peak <= budget and not (implementations and problem.choices) and not options:
         # nothing to recompute and nothing else to choose: optimal by definition
         return Solution(baseline, baseline_replay, budget, formulation, "optimal", baseline_replay.time,
-                        baseline_replay.time, 0.0, time.perf_counter() - start)
+                        baseline_replay.time, 0.0, time.perf_counter() - began)
     kind, posed, fixed = _pose(problem, formulation, implementations, allow_approximate, options)
     horizon, found = _start(posed, budget, _option_sets(posed, implementations, allow_approximate, options), horizon)
     model = _model(kind, posed, budget, allow_approximate, fixed, horizon)
+    if start is not None and kind == "compact":
+        given = simulate(problem, start)
+        if given.peak <= budget and (found is None or given.time < found.replay.time):
+            dropped = frozenset(t for t in model.stages.windows[0] if t not in start.saved)
+            found = Start(dropped, dict(start.options), start, given)
     warm = model.warm_start(found.dropped, found.options) if found else None
     reference = found.replay.time if found else baseline_replay.time
-    result = model.milp.solve(time_limit=max(1.0, time_limit - (time.perf_counter() - start)), seed=seed,
+    result = model.milp.solve(time_limit=max(1.0, time_limit - (time.perf_counter() - began)), seed=seed,
                               warm=warm, verbose=verbose, abs_gap=gap * reference * 1e3)
     if result.values is None and found:
         # The heuristic schedule fits (the simulator says so) where the formulation's rows, which
         # can overcount, found nothing: it stands, with the formulation's bound where it has one.
         bound = model.fixed_time + (max(0.0, result.bound) / 1e3 if np.isfinite(result.bound) else 0.0)
         return _solution(Schedule.from_dict(problem, found.schedule.to_dict(posed)), problem, budget, model,
-                         "heuristic", found.replay.time, bound, start)
+                         "heuristic", found.replay.time, bound, began)
     if result.status == "infeasible":
         least = least_peak(problem, formulation=formulation, implementations=implementations,
                            allow_approximate=allow_approximate, options=options, time_limit=time_limit,
@@ -135,11 +142,11 @@ def solve(problem: Problem, budget: int, *, formulation: str = "auto", implement
         schedule = baseline  # the rows' safety margin can hide an exact fit
     objective = model.fixed_time + result.objective / 1e3
     return _solution(schedule, problem, budget, model, result.status, objective,
-                     model.fixed_time + max(0.0, result.bound) / 1e3, start)
+                     model.fixed_time + max(0.0, result.bound) / 1e3, began)
 
 
 def _solution(schedule: Schedule, problem: Problem, budget: int, model: Formulation, status: str, objective: float,
-              bound: float, start: float) -> Solution:
+              bound: float, began: float) -> Solution:
     """The Solution for `schedule`, replayed; its peak must fit."""
     replay = simulate(problem, schedule)
     if replay.peak > budget:
@@ -147,7 +154,7 @@ def _solution(schedule: Schedule, problem: Problem, budget: int, model: Formulat
                                 f"over the budget of {budget}")
     bound = min(objective, bound)
     return Solution(schedule, replay, budget, model.name, status, objective, bound,
-                    (objective - bound) / objective if objective > 0 else 0.0, time.perf_counter() - start,
+                    (objective - bound) / objective if objective > 0 else 0.0, time.perf_counter() - began,
                     model.stages.horizon)
 
 

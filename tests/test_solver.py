@@ -200,3 +200,11 @@ def test_shaving_fits_budgets_below_chens_least_peak():
         validate(p, schedule)
         assert simulate(p, schedule).peak == replay.peak < chen_least
     assert shaved >= 3
+
+
+def test_a_start_schedule_is_kept_unless_the_search_beats_it():
+    p = relu_chain(8)
+    budget = int(unconstrained(p) * 0.7)
+    alone = solve(p, budget, implementations=False, formulation="compact")
+    joint = solve(p, budget, start=alone.schedule, time_limit=1)
+    assert joint.peak <= budget and joint.replay.time <= alone.replay.time + 1e-9
