@@ -94,8 +94,9 @@ def solve(problem: Problem, budget: int, *, formulation: str = "auto", implement
     GENERAL_UP_TO forward ops with nothing to choose, else compact). `horizon` bounds how early an op
     may rerun, in stages (None: unbounded; "auto": as long as the problem's size allows).
     The solver starts from the fastest of Chen's greedy schedules that fits, with ops run as
-    PyTorch runs them or in their leanest way, or from `start` (a schedule of this problem, e.g.
-    checkpointing alone) where that fits and is faster (compact formulation), and stops when the
+    PyTorch runs them or in their leanest way, or from `start` (a schedule of this problem) where
+    that fits and is faster (compact formulation); when it chooses implementations it first
+    solves checkpointing alone on a third of the time limit and starts from that. It stops when the
     predicted step time is proven within `gap` (relative) of the best possible in the formulation,
     or at `time_limit` seconds with the best schedule found and its proven gap. Same input, same
     seed: same schedule, unless the time limit cuts the search.
@@ -103,6 +104,19 @@ def solve(problem: Problem, budget: int, *, formulation: str = "auto", implement
     formulation fits, and SolverFailedError when time runs out before any schedule is found.
     `verbose` shows HiGHS's log.
     """
+    return _solve(problem, budget, formulation, implementations, allow_approximate, options, time_limit, gap,
+                  horizon, start, seed, verbose, explain=True)
+
+
+class _NoSchedule(Exception):
+    """The formulation proved the budget infeasible (not explained: no least-peak search)."""
+
+
+def _solve(problem: Problem, budget: int, formulation: str, implementations: bool, allow_approximate: bool,
+           options: dict[str, str] | None, time_limit: float, gap: float, horizon: int | None | str,
+           start: Schedule | None, seed: int, verbose: bool, *, explain: bool) -> Solution:
+    """`solve`; an infeasible budget raises InfeasibleBudgetError stating the least peak when
+    `explain`, else _NoSchedule at once."""
     began = time.perf_counter()
     options = options or {}
     baseline = keep_all(problem, options)
@@ -112,6 +126,16 @@ def solve(problem: Problem, budget: int, *, formulation: str = "auto", implement
         return Solution(baseline, baseline_replay, budget, formulation, "optimal", baseline_replay.time,
                         baseline_replay.time, 0.0, time.perf_counter() - began)
     kind, posed, fixed = _pose(problem, formulation, implementations, allow_approximate, options)
+    if kind == "compact" and len(fixed) < len(problem.choices):
+        # Checkpointing alone first, on a third of the time: the joint search starts from it, so
+        # choosing implementations never ends slower than not choosing them.
+        try:
+            alone = _solve(problem, budget, kind, False, allow_approximate, options, time_limit / 3, gap, horizon,
+                           start, seed, verbose, explain=False).schedule
+        except (_NoSchedule, SolverFailedError):
+            alone = None
+        if alone is not None and (start is None or simulate(problem, alone).time < simulate(problem, start).time):
+            start = alone
     horizon, found = _start(posed, budget, _option_sets(posed, implementations, allow_approximate, options), horizon)
     model = _model(kind, posed, budget, allow_approximate, fixed, horizon)
     if start is not None and kind == "compact":
@@ -130,6 +154,8 @@ def solve(problem: Problem, budget: int, *, formulation: str = "auto", implement
         return _solution(Schedule.from_dict(problem, found.schedule.to_dict(posed)), problem, budget, model,
                          "heuristic", found.replay.time, bound, began)
     if result.status == "infeasible":
+        if not explain:
+            raise _NoSchedule
         least = least_peak(problem, formulation=formulation, implementations=implementations,
                            allow_approximate=allow_approximate, options=options, time_limit=time_limit,
                            horizon=horizon, seed=seed)
