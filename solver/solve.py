@@ -19,7 +19,7 @@ from .stages import Stages
 FORMULATIONS = ("auto", "compact", "general")
 GENERAL_UP_TO = 40  # forward ops; "auto" poses smaller problems without choices to make in the general formulation
 HORIZONS = (None, 120, 80, 60, 40, 30, 20, 15, 10)
-RERUN_SLOTS = 4000  # "auto" horizon: the longest one whose (op, stage) rerun pairs stay within this
+RERUN_SLOTS = 1200  # "auto" horizon: the longest one whose (op, stage) rerun pairs stay within this
 
 
 def auto_horizon(problem: Problem) -> int | None:
@@ -141,7 +141,8 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
     if start is not None and kind == "compact":
         given = simulate(problem, start)
         if given.peak <= budget and (found is None or given.time < found.replay.time):
-            dropped = frozenset(t for t in model.stages.windows[0] if t not in start.saved)
+            tensor_win, op_win = model.stages.windows  # unsaved tensors whose op cannot rerun are not made
+            dropped = frozenset(t for t in tensor_win if t not in start.saved and problem.tensors[t].producer in op_win)
             found = Start(dropped, dict(start.options), start, given)
     warm = model.warm_start(found.dropped, found.options) if found else None
     reference = found.replay.time if found else baseline_replay.time
