@@ -19,7 +19,7 @@ from .stages import Stages
 FORMULATIONS = ("auto", "compact", "general")
 GENERAL_UP_TO = 40  # forward ops; "auto" poses smaller problems without choices to make in the general formulation
 HORIZONS = (None, 120, 80, 60, 40, 30, 20, 15, 10)
-RERUN_SLOTS = 1200  # "auto" horizon: the longest one whose (op, stage) rerun pairs stay within this
+RERUN_SLOTS = 2100  # "auto" horizon: the longest one whose (op, stage) rerun pairs stay within this
 
 
 def auto_horizon(problem: Problem) -> int | None:
