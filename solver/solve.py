@@ -165,9 +165,9 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
         raise SolverFailedError(f"HiGHS stopped ({result.status}) before finding any schedule within "
                                 f"{time_limit:g} s; raise the time limit or the budget")
     schedule = Schedule.from_dict(problem, model.schedule(result.values).to_dict(posed))
-    if baseline_replay.peak <= budget and baseline_replay.time <= simulate(problem, schedule).time:
-        schedule = baseline  # the rows' safety margin can hide an exact fit
     objective = model.fixed_time + result.objective / 1e3
+    if baseline_replay.peak <= budget and baseline_replay.time <= simulate(problem, schedule).time:
+        schedule, objective = baseline, baseline_replay.time  # the rows' safety margin can hide an exact fit
     return _solution(schedule, problem, budget, model, result.status, objective,
                      model.fixed_time + max(0.0, result.bound) / 1e3, began)
 
