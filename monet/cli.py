@@ -21,7 +21,7 @@ from monet.solver import FORMULATIONS, InfeasibleBudgetError, SolverFailedError,
 
 from .api import solve, solve_traced, trace_problem
 from .models import BUNDLED, load_model
-from .pareto import STRATEGIES, Point, parse_budget_range, sweep, write_results
+from .pareto import STRATEGIES, Point, check_strategies, parse_budget_range, sweep, write_results
 from .runtime import ScheduleMismatchError
 from .training import compare_training
 from .wrapper import MONeTWrapper
@@ -224,6 +224,8 @@ def _inspect(args) -> int:
 
 def _pareto(args) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    check_strategies(strategies)
+    parse_budget_range(args.budgets, 1 << 40)  # a malformed range fails now, not after tracing
     model = load_model(args.model).to(args.device)
     dtype = args.input_dtype or (BUNDLED[args.model].input_dtype if args.model in BUNDLED else "float32")
     spec = InputSpec(args.input_shape, dtype, False)

@@ -74,12 +74,16 @@ def parse_budget_range(text: str, unconstrained_peak: int) -> list[int]:
     return [start + i * step for i in range(count)]
 
 
-def sweep(problem: Problem, budgets: Sequence[int], strategies: Sequence[str], *, time_limit: float = 60.0,
-          on_point: Callable[[Point], None] | None = None) -> list[Point]:
-    """Every strategy at every budget (once, for strategies without one), replayed by the simulator."""
+def check_strategies(strategies: Sequence[str]) -> None:
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+
+
+def sweep(problem: Problem, budgets: Sequence[int], strategies: Sequence[str], *, time_limit: float = 60.0,
+          on_point: Callable[[Point], None] | None = None) -> list[Point]:
+    """Every strategy at every budget (once, for strategies without one), replayed by the simulator."""
+    check_strategies(strategies)
     points = []
     for name in strategies:
         run, budgeted = STRATEGIES[name]

@@ -98,6 +98,12 @@ def test_bad_arguments_are_usage_errors(capsys):
         main(["solve", "cnn", "--input-shape", "8,a", "--budget", "50%", "-o", "x.json"])
     assert info.value.code == 2
     assert "comma-separated integers" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["solve", "cnn", "--input-shape", "8,3,32,32", "--budget", "50%", "-o", "x.json", "--horizon", "soon"])
+    assert info.value.code == 2
+    assert "'none' or 'auto'" in capsys.readouterr().err
+    code, _, err = run(capsys, "pareto", "cnn", "--input-shape", "8,3,32,32", "--budgets", "50%:30%:10%")
+    assert code == 2 and "START <= END" in err
 
 
 def test_demo_prints_the_comparison(capsys):
