@@ -98,16 +98,23 @@ def measure_call(call: Callable[[], object], device: torch.device, *, repeats: i
         with allocator_events() as events:
             result = call()
         workspace = events.peak_delta() - sum(events.deltas)
+    seconds, _ = _median_time(call, device, repeats, warmup)
+    return seconds, max(0, workspace), result
+
+
+def _median_time(call: Callable[[], object], device: torch.device, repeats: int,
+                 warmup: int) -> tuple[float, object]:
+    """(median seconds over `repeats` runs after `warmup`, the last run's result) of `call`."""
     for _ in range(warmup):
         call()
     samples = []
     for _ in range(repeats):
         _sync(device)
         start = time.perf_counter()
-        call()
+        out = call()
         _sync(device)
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples), max(0, workspace), result
+    return statistics.median(samples), out
 
 
 def measure_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,
@@ -121,16 +128,7 @@ def measure_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule, model: torc
     def timed(node, call):
         if node.name not in ops:
             return call()
-        for _ in range(warmup):
-            call()
-        samples = []
-        for _ in range(repeats):
-            _sync(device)
-            start = time.perf_counter()
-            out = call()
-            _sync(device)
-            samples.append(time.perf_counter() - start)
-        times[node.name] = statistics.median(samples)
+        times[node.name], out = _median_time(call, device, repeats, warmup)
         if progress:
             progress(len(times), len(ops))
         return out

@@ -42,7 +42,6 @@ class Compact(Formulation):
         stages, milp, memory = self.stages, self.milp, self.memory
         tensors = problem.tensors
         tensor_win, op_win = stages.windows
-        first_read, last_read = stages.reads
         conditional = stages.read_only_under
 
         # Choices. An allowed option that another allowed option dominates is left out (no loss).

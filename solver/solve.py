@@ -126,24 +126,24 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
         return Solution(baseline, baseline_replay, budget, formulation, "optimal", baseline_replay.time,
                         baseline_replay.time, 0.0, time.perf_counter() - began)
     kind, posed, fixed = _pose(problem, formulation, implementations, allow_approximate, options)
+    given = [start] if start is not None else []
     if kind == "compact" and len(fixed) < len(problem.choices):
         # Checkpointing alone first, on a third of the time: the joint search starts from it, so
         # choosing implementations never ends slower than not choosing them.
         try:
-            alone = _solve(problem, budget, kind, False, allow_approximate, options, time_limit / 3, gap, horizon,
-                           start, seed, verbose, explain=False).schedule
+            given.append(_solve(problem, budget, kind, False, allow_approximate, options, time_limit / 3, gap,
+                                horizon, start, seed, verbose, explain=False).schedule)
         except (_NoSchedule, SolverFailedError):
-            alone = None
-        if alone is not None and (start is None or simulate(problem, alone).time < simulate(problem, start).time):
-            start = alone
+            pass
     horizon, found = _start(posed, budget, _option_sets(posed, implementations, allow_approximate, options), horizon)
     model = _model(kind, posed, budget, allow_approximate, fixed, horizon)
-    if start is not None and kind == "compact":
-        given = simulate(problem, start)
-        if given.peak <= budget and (found is None or given.time < found.replay.time):
+    for candidate in given if kind == "compact" else ():
+        replay = simulate(problem, candidate)
+        if replay.peak <= budget and (found is None or replay.time < found.replay.time):
             tensor_win, op_win = model.stages.windows  # unsaved tensors whose op cannot rerun are not made
-            dropped = frozenset(t for t in tensor_win if t not in start.saved and problem.tensors[t].producer in op_win)
-            found = Start(dropped, dict(start.options), start, given)
+            dropped = frozenset(t for t in tensor_win
+                                if t not in candidate.saved and problem.tensors[t].producer in op_win)
+            found = Start(dropped, dict(candidate.options), candidate, replay)
     warm = model.warm_start(found.dropped, found.options) if found else None
     reference = baseline_replay.time  # no schedule is much faster than keeping everything, so the gap holds
     result = model.milp.solve(time_limit=max(1.0, time_limit - (time.perf_counter() - began)), seed=seed,

@@ -113,11 +113,12 @@ class Stages:
     def admits(self, schedule) -> bool:
         """Whether every rerun of `schedule` (a Schedule) falls within its op's window."""
         op_win = self.windows[1]
-        for pos, i in enumerate(schedule.backward):
-            if self.problem.ops[i].phase == "forward":
-                k = next(self.stage_of[j] for j in schedule.backward[pos:] if j in self.stage_of)
-                if i not in op_win or not op_win[i][0] <= k <= op_win[i][1]:
-                    return False
+        stage = None  # of the next backward op, walking the sequence from its end
+        for i in reversed(schedule.backward):
+            if i in self.stage_of:
+                stage = self.stage_of[i]
+            elif stage is None or i not in op_win or not op_win[i][0] <= stage <= op_win[i][1]:
+                return False
         return True
 
     @cached_property
