@@ -4,8 +4,11 @@ Plain-PyTorch VGG-16, MobileNetV2, GoogLeNet and UNet match the torchvision (or 
 UNet) architectures layer for layer; ResNet-50 comes from MONAI and the transformers
 (DistilBERT, GPT-2) from `transformers` configs, with no download. Every model takes one
 tensor, returns one tensor and has no data-dependent control flow (the ones written here
-use no in-place ops either), so its training step traces into one graph. `blocks` names each model's repeated blocks in
-forward order, the units a per-block `torch.utils.checkpoint` baseline wraps.
+use no in-place ops either), so its training step traces into one graph. `blocks` names each
+model's repeated blocks in forward order, the units a per-block `torch.utils.checkpoint`
+baseline wraps; `chain` writes the forward as a list of one-tensor functions run one after
+another, what `torch.utils.checkpoint.checkpoint_sequential` takes (None for the UNet, whose
+skip connections cross every cut).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from monet.models import load_model
+from monet.models import BasicBlock, ResidualCNN, load_model
 
 IMAGE_SHAPE = (32, 3, 224, 224)
 QUICK_IMAGE_SHAPE = (2, 3, 64, 64)
@@ -211,9 +214,33 @@ class GPT2LM(nn.Module):
         self.model = GPT2LMHeadModel(GPT2Config(use_cache=False, **config))
 
     def forward(self, ids):
-        n = ids.shape[1]
-        causal = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
-        return self.model(input_ids=ids, attention_mask=causal[None, None]).logits
+        return self.model(input_ids=ids, attention_mask=self._causal(ids.shape[1], ids.device)).logits
+
+    @staticmethod
+    def _causal(n: int, device: torch.device) -> torch.Tensor:
+        return torch.ones(n, n, dtype=torch.bool, device=device).tril()[None, None]
+
+    def chain(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+        """Embedding, the 12 blocks, final norm and LM head, each a function of the hidden states
+        (each block builds the causal mask as GPT2Model does)."""
+        from transformers.masking_utils import create_causal_mask
+
+        body = self.model.transformer
+
+        def embed(ids):
+            positions = torch.arange(ids.shape[1], device=ids.device)[None]
+            return body.drop(body.wte(ids) + body.wpe(positions))
+
+        def block_fn(block):
+            def run(hidden):
+                positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
+                mask = create_causal_mask(config=body.config, inputs_embeds=hidden,
+                                          attention_mask=self._causal(hidden.shape[1], hidden.device),
+                                          past_key_values=None, position_ids=positions)
+                return block(hidden, None, mask, position_ids=positions)
+            return run
+
+        return [embed, *map(block_fn, body.h), lambda hidden: self.model.lm_head(body.ln_f(hidden))]
 
 
 def resnet50() -> nn.Module:
@@ -226,11 +253,45 @@ def resnet_blocks(model: nn.Module) -> list[nn.Module]:
     return [block for stage in (model.layer1, model.layer2, model.layer3, model.layer4) for block in stage]
 
 
+def resnet_chain(model: nn.Module) -> list[Callable]:
+    stem = [model.conv1, model.bn1, model.act] + ([] if model.no_max_pool else [model.maxpool])
+    return [*stem, *resnet_blocks(model), model.avgpool, nn.Flatten(), model.fc]
+
+
+def vgg_chain(model: VGG16) -> list[Callable]:
+    return [*model.features, model.avgpool, nn.Flatten(), *model.classifier]
+
+
+def mobilenet_chain(model: MobileNetV2) -> list[Callable]:
+    return [*model.features, nn.AdaptiveAvgPool2d(1), nn.Flatten(), *model.classifier]
+
+
+def googlenet_chain(model: GoogLeNet) -> list[Callable]:
+    return [*model.stem, *model.inception3, *model.inception4, *model.inception5, *model.head]
+
+
+def cnn_chain(model: ResidualCNN) -> list[Callable]:
+    return [*model.stem, *(layer for stage in model.stages for layer in stage), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            model.head]
+
+
+def distilbert_chain(model: nn.Module) -> list[Callable]:
+    """Embeddings, the 6 layers (no padding mask: every token attends), and the QA head as
+    `monet.models.DistilBertQA` returns it (start and end logits stacked)."""
+    qa = model.model
+
+    def head(hidden):
+        start, end = qa.qa_outputs(qa.dropout(hidden)).split(1, dim=-1)
+        return torch.stack((start.squeeze(-1), end.squeeze(-1)), dim=1)
+
+    return [qa.distilbert.embeddings, *qa.distilbert.transformer.layer, head]
+
+
 @dataclass(frozen=True)
 class BenchModel:
     """A benchmark model: how to build it (full size, 1000 classes), its input at full (GPU) size
-    and at a quick size whose eager training step takes under 2 s on a CPU, and its repeated
-    blocks in forward order."""
+    and at a quick size whose eager training step takes under 2 s on a CPU, its repeated
+    blocks in forward order, and its forward as a chain of one-tensor functions (or None)."""
 
     name: str
     build: Callable[[], nn.Module]
@@ -238,18 +299,22 @@ class BenchModel:
     quick_shape: tuple[int, ...]
     input_dtype: str
     blocks: Callable[[nn.Module], list[nn.Module]]
+    chain: Callable[[nn.Module], list[Callable]] | None
 
 
 MODELS: dict[str, BenchModel] = {m.name: m for m in (
-    BenchModel("resnet50", resnet50, IMAGE_SHAPE, QUICK_IMAGE_SHAPE, "float32", resnet_blocks),
-    BenchModel("vgg16", VGG16, IMAGE_SHAPE, QUICK_IMAGE_SHAPE, "float32", lambda m: list(m.features)),
+    BenchModel("resnet50", resnet50, IMAGE_SHAPE, QUICK_IMAGE_SHAPE, "float32", resnet_blocks, resnet_chain),
+    BenchModel("vgg16", VGG16, IMAGE_SHAPE, QUICK_IMAGE_SHAPE, "float32", lambda m: list(m.features), vgg_chain),
     BenchModel("mobilenet_v2", MobileNetV2, IMAGE_SHAPE, QUICK_IMAGE_SHAPE, "float32",
-               lambda m: [b for b in m.features if isinstance(b, InvertedResidual)]),
+               lambda m: [b for b in m.features if isinstance(b, InvertedResidual)], mobilenet_chain),
     BenchModel("googlenet", GoogLeNet, IMAGE_SHAPE, QUICK_IMAGE_SHAPE, "float32",
-               lambda m: [b for b in m.modules() if isinstance(b, Inception)]),
+               lambda m: [b for b in m.modules() if isinstance(b, Inception)], googlenet_chain),
     BenchModel("unet", UNet, (8, 3, 256, 256), (1, 3, 64, 64), "float32",
-               lambda m: [m.inc, *m.downs, *m.ups]),
+               lambda m: [m.inc, *m.downs, *m.ups], None),
     BenchModel("distilbert", lambda: load_model("distilbert"), (8, 384), (2, 64), "int64",
-               lambda m: list(m.model.distilbert.transformer.layer)),
-    BenchModel("gpt2", GPT2LM, (8, 512), (1, 64), "int64", lambda m: list(m.model.transformer.h)),
+               lambda m: list(m.model.distilbert.transformer.layer), distilbert_chain),
+    BenchModel("gpt2", GPT2LM, (8, 512), (1, 64), "int64", lambda m: list(m.model.transformer.h), GPT2LM.chain),
+    # monet's bundled ResNet-style CNN: small enough for the benchmark test in CI.
+    BenchModel("cnn", ResidualCNN, (32, 3, 64, 64), (8, 3, 32, 32), "float32",
+               lambda m: [b for b in m.modules() if isinstance(b, BasicBlock)], cnn_chain),
 )}

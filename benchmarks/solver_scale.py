@@ -5,8 +5,8 @@ problem is cached as JSON. At each budget the monet ILP and Checkmate's MILP get
 limit; the table gives each one's predicted step time, its proven bound and gap, the replayed
 peak and the solver's wall time. Results also go to a JSON file and a markdown table next to it.
 
-    python benchmarks/solver_scale.py                       # both models, 30 % 50 % 70 %, 60 s each
-    python benchmarks/solver_scale.py --models resnet50 --budgets 50% --no-checkmate
+    python -m benchmarks.solver_scale                       # both models, 30 % 50 % 70 %, 60 s each
+    python -m benchmarks.solver_scale --models resnet50 --budgets 50% --no-checkmate
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.models import MODELS
+from benchmarks.problems import cached_problem
 from monet.budget import parse_budget
 from monet.schedules import write_atomic, write_json
 from monet.solver import InfeasibleBudgetError, Problem, SolverFailedError, checkmate, keep_all, simulate, solve
@@ -26,32 +28,11 @@ from monet.solver import InfeasibleBudgetError, Problem, SolverFailedError, chec
 console = Console()
 
 
-def resnet50():
-    from monai.networks.nets import resnet50 as monai_resnet50
-    return monai_resnet50(spatial_dims=2, n_input_channels=3, num_classes=1000), (32, 3, 224, 224), "float32"
-
-
-def distilbert():
-    from monet.models import load_model
-    return load_model("distilbert"), (8, 384), "int64"
-
-
-MODELS = {"resnet50": resnet50, "distilbert": distilbert}
-
-
 def traced(name: str, cache: Path) -> Problem:
-    """The model's problem with analytic times, from the cache or traced now (minutes on a CPU)."""
-    path = cache / f"{name}.problem.json"
-    if path.exists():
-        return Problem.from_json(path.read_text())
-    from monet.api import trace_problem
-    from monet.graph import InputSpec
-
-    model, shape, dtype = MODELS[name]()
-    console.log(f"tracing {name} {'x'.join(map(str, shape))} (analytic times, measured workspace)")
-    problem = trace_problem(model, InputSpec(shape, dtype), cost_model="analytic")
-    write_atomic(path, problem.to_json())
-    return problem
+    """The model's problem at full size with analytic times, from the cache or traced now (minutes on a CPU)."""
+    bench = MODELS[name]
+    console.log(f"{name}: tracing at {bench.input_shape} (analytic times, measured workspace), or from {cache}/")
+    return cached_problem(bench, bench.input_shape, cache=cache)
 
 
 def run(strategy: str, problem: Problem, budget: int, time_limit: float) -> dict:
@@ -69,7 +50,8 @@ def run(strategy: str, problem: Problem, budget: int, time_limit: float) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="resnet50,distilbert", help="comma-separated, from: " + ", ".join(MODELS))
+    parser.add_argument("--models", default="resnet50,distilbert",
+                        help="comma-separated, from: " + ", ".join(MODELS) + ". Default: %(default)s")
     parser.add_argument("--budgets", nargs="+", default=["30%", "50%", "70%"], help="default: 30%% 50%% 70%%")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve. Default: 60")
     parser.add_argument("--no-checkmate", action="store_true", help="skip Checkmate's MILP")

@@ -75,16 +75,27 @@ def solve_traced(problem: Problem, budget: str | int | float, model_name: str, *
                              start=start and Schedule.from_dict(problem, {**start.schedule,
                                                                           "saved": list(start.schedule["saved"])}),
                              verbose=solver_log)
+    return schedule_file(problem, solution.schedule, model_name, budget=int(solution.budget),
+                         solver={**solution.summary(), "implementations": implementations,
+                                 "approximate_allowed": allow_approximate})
+
+
+def schedule_file(problem: Problem, schedule: Schedule, model_name: str, *, budget: int,
+                  solver: dict) -> ScheduleFile:
+    """Any schedule of `problem` (the ILP's, or a baseline's: Chen, Checkmate) as a schedule file
+    that MONeTWrapper runs; `solver` says what made it ("formulation" and "status" at least)."""
+    unconstrained = simulate(problem, keep_all(problem))
+    replay = simulate(problem, schedule)
     meta = problem.meta
-    decisions = solution.schedule.to_dict(problem)
+    decisions = schedule.to_dict(problem)
     return ScheduleFile(
         model=model_name,
         input=meta["input"],
         device=meta["device"],
-        budget=int(solution.budget),
-        predicted={"peak": solution.peak, "time": solution.replay.time,
+        budget=budget,
+        predicted={"peak": replay.peak, "time": replay.time,
                    "unconstrained_peak": unconstrained.peak, "unconstrained_time": unconstrained.time},
-        solver={**solution.summary(), "implementations": implementations, "approximate_allowed": allow_approximate},
+        solver=solver,
         cost_model=meta["cost_model"],
         graph={"fingerprint": meta["fingerprint"], "ops": [[op.name, op.target, op.phase] for op in problem.ops]},
         schedule={"options": decisions["options"],

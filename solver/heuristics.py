@@ -110,8 +110,9 @@ def lean_options(problem: Problem, *, allow_approximate: bool = False) -> dict[s
 def best_first_need(problem: Problem, budget: int | None,
                     admits: Callable[[Schedule], bool] | None = None) -> tuple[frozenset[int], Replay] | None:
     """The fastest of Chen's candidate drop sets whose first-need schedule fits `budget`, or
-    (budget None) the one with the least peak (on a problem without choices); with `admits`,
-    only schedules it admits count. When none fits, the least-peak one is shaved to fit."""
+    (budget None) the one with the least peak, shaved as low as it goes (on a problem without
+    choices); with `admits`, only schedules it admits count. When none fits, the least-peak one
+    is shaved to fit."""
     best = least = None
     for dropped in chen_candidates(problem):
         schedule = recompute_at_first_need(problem, dropped)
@@ -123,7 +124,7 @@ def best_first_need(problem: Problem, budget: int | None,
             best = (key, dropped, replay)
         if least is None or (replay.peak, replay.time) < (least[1].peak, least[1].time):
             least = (dropped, replay)
-    if best is None and least is not None and budget is not None:
+    if least is not None and (budget is None or best is None):
         return shave(problem, *least, budget, admits)
     return best[1:] if best else None
 
@@ -131,14 +132,14 @@ def best_first_need(problem: Problem, budget: int | None,
 SHAVE_CANDIDATES = 8  # the largest droppable tensors live at the peak, tried each round
 
 
-def shave(problem: Problem, dropped: frozenset[int], replay: Replay, budget: int,
+def shave(problem: Problem, dropped: frozenset[int], replay: Replay, budget: int | None,
           admits: Callable[[Schedule], bool] | None = None) -> tuple[frozenset[int], Replay] | None:
     """Drop one more tensor at a time, among the largest kept ones live at the peak, whichever
     lowers the peak most (ties: the faster), until the first-need schedule fits `budget`; None
-    when no single drop lowers the peak any more."""
+    when no single drop lowers the peak any more (budget None: the lowest reached)."""
     tensor_win, op_win = Stages(problem).windows
     droppable = {t for t in tensor_win if problem.tensors[t].producer in op_win}
-    while replay.peak > budget:
+    while budget is None or replay.peak > budget:
         live = sorted((t for t in replay.peak_live if t in droppable and t not in dropped),
                       key=lambda t: -problem.tensors[t].bytes)[:SHAVE_CANDIDATES]
         best = None
@@ -150,7 +151,7 @@ def shave(problem: Problem, dropped: frozenset[int], replay: Replay, budget: int
             if after.peak < replay.peak and (best is None or (after.peak, after.time) < (best[1].peak, best[1].time)):
                 best = (dropped | {t}, after)
         if best is None:
-            return None
+            return (dropped, replay) if budget is None else None
         dropped, replay = best
     return dropped, replay
 

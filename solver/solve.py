@@ -204,11 +204,10 @@ def least_peak(problem: Problem, *, formulation: str = "auto", implementations: 
     model = _model(kind, posed, None, allow_approximate, fixed, horizon)
     result = model.milp.solve(time_limit=time_limit, seed=seed,
                               warm=model.warm_start(start.dropped, start.options) if start else None)
+    found = [start.replay.peak] if start else []  # the heuristic schedule's peak stands if HiGHS does no better
     if result.values is not None:
-        found = model.memory.least_budget(result.values[model.memory.peak])
-    elif start:  # HiGHS improved on nothing in time: the heuristic schedule's peak stands
-        found = start.replay.peak
-    else:
+        found.append(model.memory.least_budget(result.values[model.memory.peak]))
+    if not found:
         raise SolverFailedError(f"HiGHS found no schedule at any budget within {time_limit:g} s ({result.status})")
     bound = model.memory.least_budget(result.bound) if np.isfinite(result.bound) else 0
-    return LeastPeak(found, found if result.status == "optimal" else min(found, bound))
+    return LeastPeak(min(found), min(found) if result.status == "optimal" else min(min(found), bound))

@@ -1,0 +1,176 @@
+"""The competitors of a benchmark: one trainable module each, all over copies of one model.
+
+Every competitor is built from a deep copy of the same model (same weights) and trains the
+same way (forward, loss, backward, SGD step), so that `monet.training.compare_training`
+can measure them side by side:
+
+- `eager`: plain PyTorch;
+- `checkpoint-blocks`: `torch.utils.checkpoint` (non-reentrant) around each repeated block;
+- `checkpoint-sequential`: `checkpoint_sequential` over the model's chain in sqrt(n) segments;
+- `torch.compile`: Inductor, with `torch._functorch.config.activation_memory_budget` set to
+  the budget's share of the unconstrained peak while the graph is partitioned;
+- `chen-sqrt`, `checkmate`: those schedules of monet's problem, run by monet's runtime;
+- `monet-checkpointing`, `monet`: monet's ILP without and with operator alternatives.
+
+A competitor that cannot be built (no schedule within the budget, a compiler failure) is an
+`Entry` without a module whose status says why.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+from benchmarks.models import BenchModel
+from monet.api import schedule_file, solve_traced
+from monet.schedules import ScheduleFile
+from monet.solver import InfeasibleBudgetError, Problem, SolverFailedError, checkmate, chen_sqrt
+from monet.wrapper import MONeTWrapper
+
+FAMILIES = ("eager", "checkpoint-blocks", "checkpoint-sequential", "torch.compile", "chen-sqrt", "checkmate",
+            "monet-checkpointing", "monet")
+BUDGETED = ("torch.compile", "checkmate", "monet-checkpointing", "monet")
+
+
+@dataclass
+class Entry:
+    """One competitor at one budget (None: it takes none). `budget` is in bytes of the
+    unconstrained peak as monet predicts it; `predicted` is (peak, seconds) for schedules."""
+
+    family: str
+    budget: int | None
+    module: nn.Module | None
+    status: str
+    predicted: tuple[int, float] | None = None
+    solve_time: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.family if self.budget is None else f"{self.family}@{self.budget}"
+
+
+def checkpoint_blocks(model: nn.Module, blocks: list[nn.Module]) -> nn.Module:
+    """`model` with each block's forward run under non-reentrant torch.utils.checkpoint."""
+    for block in blocks:
+        block.forward = functools.partial(_checkpointed, block.forward)
+    return model
+
+
+def _checkpointed(forward: Callable, *args, **kwargs):
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+class CheckpointSequential(nn.Module):
+    """`model`'s forward as checkpoint_sequential over `chain` in round(sqrt(n)) segments."""
+
+    def __init__(self, model: nn.Module, chain: list[Callable]):
+        super().__init__()
+        self.model, self.chain = model, chain
+        self.segments = max(1, round(math.sqrt(len(chain))))
+
+    def forward(self, x):
+        return checkpoint_sequential(self.chain, self.segments, x, use_reentrant=False)
+
+
+def compiled(model: nn.Module, share: float, example: Callable[[nn.Module], None]) -> nn.Module:
+    """torch.compile (Inductor) with activation_memory_budget = `share` while its partitioner
+    runs; `example(module)` runs one training step, so the compilation happens here. Each share
+    gets its own backend function, so Dynamo compiles every copy anew instead of reusing
+    another budget's graphs."""
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(gm, example_inputs):
+        with torch._functorch.config.patch(activation_memory_budget=share):
+            return compile_fx(gm, example_inputs)
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    module = torch.compile(model, backend=backend)
+    with torch._functorch.config.patch(activation_memory_budget=share):
+        example(module)
+    return module
+
+
+def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int, budgets: list[int], *,
+          families: tuple[str, ...] = FAMILIES, time_limit: float, example: Callable[[nn.Module], None],
+          log: Callable[[str], None] = print) -> list[Entry]:
+    """Every competitor in `families`, over deep copies of `model`, at each budget for those that
+    take one. `problem` is the model's traced problem, whose keep-all schedule peaks at `full_peak`."""
+    shape = tuple(problem.meta["input"]["shape"])
+    model_name = type(model).__name__
+    alone: dict[int, ScheduleFile] = {}  # checkpointing's schedule per budget: where the joint search starts
+
+    def run(made: ScheduleFile) -> tuple[nn.Module, ScheduleFile]:
+        return MONeTWrapper(copy.deepcopy(model), made, shape), made
+
+    def solved(budget: int, implementations: bool) -> tuple[nn.Module, ScheduleFile]:
+        made = solve_traced(problem, budget, model_name, implementations=implementations, time_limit=time_limit,
+                            start=alone.get(budget) if implementations else None)
+        if not implementations:
+            alone[budget] = made
+        return run(made)
+
+    def checkmated(budget: int) -> tuple[nn.Module, ScheduleFile]:
+        solution = checkmate(problem, budget, time_limit=time_limit)
+        return run(schedule_file(problem, solution.schedule, model_name, budget=budget, solver=solution.summary()))
+
+    def chen() -> tuple[nn.Module, ScheduleFile]:
+        return run(schedule_file(problem, chen_sqrt(problem), model_name, budget=full_peak,
+                                 solver={"formulation": "chen-sqrt", "status": "heuristic"}))
+
+    def sequential() -> tuple[nn.Module, None]:
+        if bench.chain is None:
+            raise NotApplicable("the model is not a chain (skip connections cross every cut)")
+        copied = copy.deepcopy(model)
+        return CheckpointSequential(copied, bench.chain(copied)), None
+
+    def blocks() -> tuple[nn.Module, None]:
+        copied = copy.deepcopy(model)
+        return checkpoint_blocks(copied, bench.blocks(copied)), None
+
+    makers: dict[str, Callable[..., tuple[nn.Module, ScheduleFile | None]]] = {
+        "eager": lambda: (copy.deepcopy(model), None),
+        "checkpoint-blocks": blocks,
+        "checkpoint-sequential": sequential,
+        "torch.compile": lambda b: (compiled(copy.deepcopy(model), min(1.0, b / full_peak), example), None),
+        "chen-sqrt": chen,
+        "checkmate": checkmated,
+        "monet-checkpointing": lambda b: solved(b, False),
+        "monet": lambda b: solved(b, True),
+    }
+    if unknown := [f for f in families if f not in makers]:
+        raise ValueError(f"unknown competitors {unknown}; choose from {', '.join(FAMILIES)}")
+    entries = []
+    for family in families:
+        for budget in budgets if family in BUDGETED else [None]:
+            entries.append(_entry(family, budget, makers[family]))
+            log(f"{entries[-1].name}: {entries[-1].status}")
+    return entries
+
+
+class NotApplicable(Exception):
+    """The competitor does not apply to this model."""
+
+
+def _entry(family: str, budget: int | None, make: Callable[..., tuple[nn.Module, ScheduleFile | None]]) -> Entry:
+    """Build one competitor; a failure to build is its row's status, not a crash of the benchmark."""
+    try:
+        module, made = make() if budget is None else make(budget)
+    except NotApplicable as exc:
+        return Entry(family, budget, None, f"n/a: {exc}")
+    except InfeasibleBudgetError as exc:
+        return Entry(family, budget, None, f"infeasible: {exc}")
+    except SolverFailedError as exc:
+        return Entry(family, budget, None, f"no schedule: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a compiler or runtime failure is a result to report
+        return Entry(family, budget, None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    if made is None:
+        return Entry(family, budget, module, "ok")
+    return Entry(family, budget, module, made.solver["status"], (made.predicted["peak"], made.predicted["time"]),
+                 made.solver.get("solve_time_s"))

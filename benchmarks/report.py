@@ -1,0 +1,103 @@
+"""Benchmark results as files: CSV, JSON, a markdown table and a Pareto plot per model.
+
+A row is one competitor at one budget, measured: peak memory (the project's meter) and median
+step time. For each monet row the table names the competitors that reached no higher a peak in
+less time (`beaten by`), so that where monet is not the fastest at its peak the table says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+from monet.schedules import write_atomic
+from monet.solver import format_bytes
+
+COLUMNS = ("competitor", "budget", "status", "predicted peak", "measured peak", "peak vs eager", "step",
+           "step vs eager", "beaten by")
+
+
+def machine(device: str) -> str:
+    """The machine, in words: CPU model and cores, or the GPU's name; torch's version."""
+    if device == "cuda":
+        where = torch.cuda.get_device_name()
+    else:
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
+            else platform.processor()
+        where = f"CPU: {model}, {torch.get_num_threads()} threads"
+    return f"{where}; torch {torch.__version__}"
+
+
+def beaten_by(row: dict, rows: list[dict]) -> list[str]:
+    """Competitors that measured no higher a peak than `row` and a shorter step."""
+    if row.get("measured_peak") is None:
+        return []
+    return [r["name"] for r in rows if r is not row and r.get("measured_peak") is not None
+            and r["measured_peak"] <= row["measured_peak"] and r["step_time_s"] < row["step_time_s"]]
+
+
+def write_model(out_dir: Path, tag: str, header: dict, rows: list[dict]) -> list[Path]:
+    """TAG.json (header and rows), TAG.csv (rows), TAG.md (table), TAG.png (Pareto plot)."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows({k: (";".join(v) if isinstance(v, list) else v) for k, v in r.items()} for r in rows)
+    return [write_atomic(out_dir / f"{tag}.json", json.dumps({**header, "rows": rows}, indent=1) + "\n"),
+            write_atomic(out_dir / f"{tag}.csv", text.getvalue()),
+            write_atomic(out_dir / f"{tag}.md", markdown(header, rows)),
+            write_atomic(out_dir / f"{tag}.png", plot(header, rows))]
+
+
+def markdown(header: dict, rows: list[dict]) -> str:
+    eager = next((r for r in rows if r["competitor"] == "eager" and r.get("measured_peak")), None)
+    lines = [f"### {header['title']}", "", f"{header['machine']}. {header['settings']}", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        lines.append("| " + " | ".join(_cells(r, eager)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cells(r: dict, eager: dict | None) -> list[str]:
+    measured = r.get("measured_peak") is not None
+
+    def vs(key: str) -> str:
+        return f"{r[key] / eager[key]:.0%}" if measured and eager else "-"
+
+    status = r["status"] if len(r["status"]) < 60 else r["status"][:57] + "..."
+    return [r["competitor"], "-" if r["budget_pct"] is None else f"{r['budget_pct']:.0f} %", status,
+            format_bytes(r["predicted_peak"]) if r.get("predicted_peak") else "-",
+            format_bytes(r["measured_peak"]) if measured else "-", vs("measured_peak"),
+            f"{r['step_time_s'] * 1e3:.1f} ms" if measured else "-", vs("step_time_s"),
+            ", ".join(r.get("beaten_by") or []) or ("-" if r["competitor"].startswith("monet") else "")]
+
+
+def plot(header: dict, rows: list[dict]) -> bytes:
+    """Measured peak against measured step time, one line (or point) per competitor."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    for family in dict.fromkeys(r["competitor"] for r in rows):
+        points = sorted((r["measured_peak"] / 2**20, r["step_time_s"] * 1e3) for r in rows
+                        if r["competitor"] == family and r.get("measured_peak") is not None)
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="*" if family == "eager" else "o",
+                    markersize=12 if family == "eager" else 6, label=family)
+        else:
+            ax.plot([], [], label=f"{family}: none")
+    ax.set_xlabel("measured peak memory (MiB)")
+    ax.set_ylabel("median step time (ms)")
+    ax.set_title(header["title"], fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()

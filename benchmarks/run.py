@@ -1,0 +1,158 @@
+"""Peak memory against step time, measured: monet next to PyTorch's own ways and Checkmate.
+
+For each model: trace and profile it once, build every competitor (see benchmarks/competitors.py)
+over copies of the same weights, then train them side by side on one batch in one process
+(one peak-measured step each, then the median of several timed steps taken in rounds). Writes
+MODEL.csv, .json, .md and .png per model and results.md (all tables, machine named) to `-o`.
+
+    python -m benchmarks.run --quick                      # every model at a small input; minutes per model on a CPU
+    python -m benchmarks.run --quick cnn --budgets 50% 70%
+    python -m benchmarks.run resnet50 --device cuda       # full size (batch 32, 224x224), for a GPU
+
+Budgets are percentages of the unconstrained peak as monet predicts it, byte sizes, or `least`
+(the least peak monet's solver reaches); torch.compile gets the same share as its
+activation_memory_budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from benchmarks.competitors import BUDGETED, FAMILIES, build
+from benchmarks.models import MODELS
+from benchmarks.problems import cached_problem, shape_tag
+from benchmarks.report import beaten_by, machine, write_model
+from monet.budget import parse_budget
+from monet.graph import InputSpec
+from monet.schedules import write_atomic
+from monet.solver import keep_all, least_peak, simulate
+from monet.training import compare_training
+
+console = Console()
+MONET = ("monet", "monet-checkpointing")
+
+
+def loss_fn(out: torch.Tensor) -> torch.Tensor:
+    return out.float().square().mean()
+
+
+def resolve_budgets(texts: list[str], problem, full_peak: int, time_limit: float) -> list[int]:
+    """Budgets in bytes, ascending, without repeats; 'least' is the least peak monet reaches."""
+    budgets = set()
+    for text in texts:
+        if text == "least":
+            budgets.add(least_peak(problem, time_limit=time_limit).found)
+        else:
+            budgets.add(parse_budget(text, full_peak))
+    return sorted(budgets)
+
+
+def bench_model(name: str, args: argparse.Namespace) -> tuple[dict, list[dict]]:
+    bench = MODELS[name]
+    shape = bench.quick_shape if args.quick else bench.input_shape
+    tag = shape_tag(bench, shape)
+    torch.manual_seed(0)
+    model = bench.build().to(args.device)
+    spec = InputSpec(shape, bench.input_dtype)
+    x = spec.example(args.device)
+    console.log(f"{tag}: tracing and profiling ({args.cost_model} op times)")
+    problem = cached_problem(bench, shape, cost_model=args.cost_model, device=args.device, cache=args.cache,
+                             model=model)
+    full = simulate(problem, keep_all(problem))
+    budgets = resolve_budgets(args.budgets, problem, full.peak, args.time_limit)
+    console.log(f"{tag}: {len(problem.ops)} ops, unconstrained {full.peak / 2**20:.2f} MiB predicted; budgets "
+                + ", ".join(f"{b / full.peak:.0%}" for b in budgets))
+
+    def example(module: torch.nn.Module) -> None:
+        loss_fn(module(x)).backward()
+        module.zero_grad(set_to_none=True)
+
+    entries = build(bench, model, problem, full.peak, budgets, families=tuple(args.competitors),
+                    time_limit=args.time_limit, example=example, log=lambda m: console.log(f"{tag}: {m}"))
+    console.log(f"{tag}: training {sum(e.module is not None for e in entries)} competitors side by side")
+    stats = compare_training({e.name: e.module for e in entries if e.module is not None}, x, loss_fn,
+                             steps=args.steps, warmup=args.warmup)
+    rows = []
+    for e in entries:
+        measured = stats.get(e.name)
+        pct = None if e.budget is None else 100 * e.budget / full.peak
+        rows.append({
+            "model": name, "name": e.family if pct is None else f"{e.family}@{pct:.3g}%", "competitor": e.family,
+            "budget": e.budget, "budget_pct": pct, "status": e.status,
+            "predicted_peak": e.predicted and e.predicted[0], "predicted_time_s": e.predicted and e.predicted[1],
+            "measured_peak": measured and measured.peak, "step_time_s": measured and measured.step_time,
+            "solve_time_s": e.solve_time,
+        })
+    for row in rows:
+        if row["competitor"] in MONET:
+            row["beaten_by"] = beaten_by(row, rows)
+    header = {
+        "title": f"{name}, input {'x'.join(map(str, shape))} ({'quick' if args.quick else 'full'} size), "
+                 f"{args.device}",
+        "machine": machine(args.device),
+        "settings": (f"{args.cost_model} op costs; solver {args.time_limit:g} s per schedule; median of "
+                     f"{args.steps} steps after {args.warmup} warm-up; budgets are shares of monet's predicted "
+                     f"unconstrained peak ({full.peak / 2**20:.2f} MiB)."),
+        "model": name, "input_shape": list(shape), "device": args.device, "unconstrained_peak": full.peak,
+        "unconstrained_time_s": full.time,
+    }
+    for path in write_model(args.output, tag, header, rows):
+        console.log(f"wrote {path}")
+    return header, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("models", nargs="*", metavar="MODEL",
+                        help=f"default: every one but cnn ({', '.join(MODELS)})")
+    parser.add_argument("--quick", action="store_true", help="small inputs (each model's quick shape)")
+    parser.add_argument("--budgets", nargs="+", default=["least", "50%", "70%", "100%"],
+                        help="default: least 50%% 70%% 100%%")
+    parser.add_argument("--competitors", nargs="+", default=list(FAMILIES), metavar="NAME",
+                        help=f"default: all ({', '.join(FAMILIES)}); {', '.join(BUDGETED)} run at every budget")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="default: cpu")
+    parser.add_argument("--cost-model", default="measured", choices=["measured", "analytic"],
+                        help="op times monet plans with. Default: measured")
+    parser.add_argument("--time-limit", type=float, help="solver seconds per schedule. Default: 20 quick, 120 full")
+    parser.add_argument("--steps", type=int, help="timed steps per competitor. Default: 3 quick, 10 full")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first. Default: 1")
+    parser.add_argument("--cache", default=".cache", help="folder for traced problems (analytic). Default: .cache")
+    parser.add_argument("-o", "--output", type=Path, default=Path("benchmark-results"),
+                        help="folder for the results. Default: benchmark-results")
+    args = parser.parse_args(argv)
+    args.models = args.models or [m for m in MODELS if m != "cnn"]
+    if unknown := [m for m in args.models if m not in MODELS]:
+        parser.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
+    if unknown := [c for c in args.competitors if c not in FAMILIES]:
+        parser.error(f"unknown competitors {unknown}; choose from {', '.join(FAMILIES)}")
+    for text in args.budgets:
+        if text != "least":
+            try:
+                parse_budget(text, 1)
+            except ValueError as exc:
+                parser.error(str(exc))
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no CUDA device here")
+    args.time_limit = args.time_limit or (20.0 if args.quick else 120.0)
+    args.steps = args.steps or (3 if args.quick else 10)
+    if args.steps < 1 or args.warmup < 0:
+        parser.error("--steps must be at least 1 and --warmup at least 0")
+
+    tables = []
+    for name in args.models:
+        header, rows = bench_model(name, args)
+        tables.append(Path(args.output / f"{shape_tag(MODELS[name], header['input_shape'])}.md").read_text())
+    summary = write_atomic(args.output / "results.md", "\n".join(tables))
+    console.log(f"wrote {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
