@@ -113,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", metavar="MODEL",
                         help=f"default: every one but cnn ({', '.join(MODELS)})")
     parser.add_argument("--quick", action="store_true", help="small inputs (each model's quick shape)")
-    parser.add_argument("--budgets", nargs="+", default=["least", "50%", "70%", "100%"],
-                        help="default: least 50%% 70%% 100%%")
+    parser.add_argument("--budgets", nargs="+", help="default: least 50%% 100%% (quick); least 30%% 50%% 70%% 100%%")
     parser.add_argument("--competitors", nargs="+", default=list(FAMILIES), metavar="NAME",
                         help=f"default: all ({', '.join(FAMILIES)}); {', '.join(BUDGETED)} run at every budget")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="default: cpu")
@@ -132,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
     if unknown := [c for c in args.competitors if c not in FAMILIES]:
         parser.error(f"unknown competitors {unknown}; choose from {', '.join(FAMILIES)}")
+    args.budgets = args.budgets or (["least", "50%", "100%"] if args.quick else ["least", "30%", "50%", "70%", "100%"])
     for text in args.budgets:
         if text != "least":
             try:

@@ -84,3 +84,17 @@ def test_monet_traces_quick_step(bench):
     with TracedStep(model, InputSpec(bench_model.quick_shape, bench_model.input_dtype)) as step:
         analysis = analyze(step.graph_module)
     assert analysis.problem.ops
+
+
+def test_chain_computes_the_forward(bench):
+    """The chain that checkpoint_sequential runs is the model's forward, function by function."""
+    bench_model, model = bench
+    if bench_model.chain is None:
+        pytest.skip(f"{bench_model.name} has no chain")
+    x = quick_input(bench_model)
+    with torch.no_grad():
+        model.eval()
+        expected, y = model(x), x
+        for step in bench_model.chain(model):
+            y = step(y)
+    assert torch.equal(y, expected)
