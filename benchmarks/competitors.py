@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 from benchmarks.models import BenchModel
 from monet.api import schedule_file, solve_traced
 from monet.schedules import ScheduleFile
-from monet.solver import InfeasibleBudgetError, Problem, SolverFailedError, checkmate, chen_sqrt
+from monet.solver import InfeasibleBudgetError, Problem, Schedule, SolverFailedError, checkmate, chen_sqrt
 from monet.wrapper import MONeTWrapper
 
 FAMILIES = ("eager", "checkpoint-blocks", "checkpoint-sequential", "torch.compile", "chen-sqrt", "checkmate",
@@ -98,10 +98,12 @@ def compiled(model: nn.Module, share: float, example: Callable[[nn.Module], None
 
 
 def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int, budgets: list[int], *,
-          families: tuple[str, ...] = FAMILIES, time_limit: float, example: Callable[[nn.Module], None],
-          log: Callable[[str], None] = print) -> list[Entry]:
+          starts: dict[int, Schedule] | None = None, families: tuple[str, ...] = FAMILIES, time_limit: float,
+          example: Callable[[nn.Module], None], log: Callable[[str], None] = print) -> list[Entry]:
     """Every competitor in `families`, over deep copies of `model`, at each budget for those that
-    take one. `problem` is the model's traced problem, whose keep-all schedule peaks at `full_peak`."""
+    take one. `problem` is the model's traced problem, whose keep-all schedule peaks at `full_peak`;
+    `starts` gives schedules (of monet's joint search) that fit some budgets, where it starts."""
+    starts = starts or {}
     shape = tuple(problem.meta["input"]["shape"])
     model_name = type(model).__name__
     alone: dict[int, ScheduleFile] = {}  # checkpointing's schedule per budget: where the joint search starts
@@ -110,8 +112,14 @@ def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int,
         return MONeTWrapper(copy.deepcopy(model), made, shape), made
 
     def solved(budget: int, implementations: bool) -> tuple[nn.Module, ScheduleFile]:
+        start = None
+        if implementations and budget in starts:
+            start = schedule_file(problem, starts[budget], model_name, budget=budget,
+                                  solver={"formulation": "least peak", "status": "start"})
+        elif implementations:
+            start = alone.get(budget)
         made = solve_traced(problem, budget, model_name, implementations=implementations, time_limit=time_limit,
-                            start=alone.get(budget) if implementations else None)
+                            start=start)
         if not implementations:
             alone[budget] = made
         return run(made)

@@ -3,7 +3,8 @@
 For each model: trace and profile it once, build every competitor (see benchmarks/competitors.py)
 over copies of the same weights, then train them side by side on one batch in one process
 (one peak-measured step each, then the median of several timed steps taken in rounds). Writes
-MODEL.csv, .json, .md and .png per model and results.md (all tables, machine named) to `-o`.
+MODEL.csv, .json, .md and .png per model to `-o`, and results.md there: every model table in that
+folder, each naming the machine.
 
     python -m benchmarks.run --quick                      # every model at a small input; minutes per model on a CPU
     python -m benchmarks.run --quick cnn --budgets 50% 70%
@@ -30,7 +31,7 @@ from benchmarks.report import beaten_by, machine, write_model
 from monet.budget import parse_budget
 from monet.graph import InputSpec
 from monet.schedules import write_atomic
-from monet.solver import keep_all, least_peak, simulate
+from monet.solver import Problem, Schedule, keep_all, least_peak, simulate
 from monet.training import compare_training
 
 console = Console()
@@ -41,15 +42,20 @@ def loss_fn(out: torch.Tensor) -> torch.Tensor:
     return out.float().square().mean()
 
 
-def resolve_budgets(texts: list[str], problem, full_peak: int, time_limit: float) -> list[int]:
-    """Budgets in bytes, ascending, without repeats; 'least' is the least peak monet reaches."""
-    budgets = set()
+def resolve_budgets(texts: list[str], problem: Problem, full_peak: int,
+                    time_limit: float) -> tuple[list[int], dict[int, Schedule]]:
+    """Budgets in bytes, ascending, without repeats; 'least' is the least peak monet's solver
+    finds, given with the schedule that reaches it (where monet's joint search then starts)."""
+    budgets, starts = set(), {}
     for text in texts:
         if text == "least":
-            budgets.add(least_peak(problem, time_limit=time_limit).found)
+            least = least_peak(problem, time_limit=time_limit)
+            budgets.add(least.found)
+            if least.schedule is not None:
+                starts[least.found] = least.schedule
         else:
             budgets.add(parse_budget(text, full_peak))
-    return sorted(budgets)
+    return sorted(budgets), starts
 
 
 def bench_model(name: str, args: argparse.Namespace) -> tuple[dict, list[dict]]:
@@ -64,7 +70,7 @@ def bench_model(name: str, args: argparse.Namespace) -> tuple[dict, list[dict]]:
     problem = cached_problem(bench, shape, cost_model=args.cost_model, device=args.device, cache=args.cache,
                              model=model)
     full = simulate(problem, keep_all(problem))
-    budgets = resolve_budgets(args.budgets, problem, full.peak, args.time_limit)
+    budgets, starts = resolve_budgets(args.budgets, problem, full.peak, args.time_limit)
     console.log(f"{tag}: {len(problem.ops)} ops, unconstrained {full.peak / 2**20:.2f} MiB predicted; budgets "
                 + ", ".join(f"{b / full.peak:.0%}" for b in budgets))
 
@@ -72,7 +78,7 @@ def bench_model(name: str, args: argparse.Namespace) -> tuple[dict, list[dict]]:
         loss_fn(module(x)).backward()
         module.zero_grad(set_to_none=True)
 
-    entries = build(bench, model, problem, full.peak, budgets, families=tuple(args.competitors),
+    entries = build(bench, model, problem, full.peak, budgets, starts=starts, families=tuple(args.competitors),
                     time_limit=args.time_limit, example=example, log=lambda m: console.log(f"{tag}: {m}"))
     console.log(f"{tag}: training {sum(e.module is not None for e in entries)} competitors side by side")
     stats = compare_training({e.name: e.module for e in entries if e.module is not None}, x, loss_fn,
@@ -145,13 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be at least 1 and --warmup at least 0")
 
-    tables = []
     for name in args.models:
-        header, rows = bench_model(name, args)
-        tables.append(Path(args.output / f"{shape_tag(MODELS[name], header['input_shape'])}.md").read_text())
-    summary = write_atomic(args.output / "results.md", "\n".join(tables))
-    console.log(f"wrote {summary}")
+        bench_model(name, args)
+    console.log(f"wrote {write_summary(args.output)}")
     return 0
+
+
+def write_summary(folder: Path) -> Path:
+    """results.md: every model table in `folder` (this run's and earlier ones'), in MODELS order."""
+    order = {name: i for i, name in enumerate(MODELS)}
+    tables = sorted((p for p in folder.glob("*.md") if p.name != "results.md"),
+                    key=lambda p: (order.get(p.stem.split("-b")[0], len(order)), p.stem))
+    return write_atomic(folder / "results.md", "\n".join(p.read_text() for p in tables))
 
 
 if __name__ == "__main__":

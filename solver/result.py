@@ -10,10 +10,12 @@ from .simulate import Replay
 
 @dataclass(frozen=True)
 class LeastPeak:
-    """The least budget a formulation meets: `found` works; none below `bound` can (equal when proven)."""
+    """The least budget a formulation meets: `found` works (`schedule` peaks there, when
+    there is one to give); none below `bound` can (equal when proven)."""
 
     found: int
     bound: int
+    schedule: Schedule | None = None
 
 
 class InfeasibleBudgetError(ValueError):

@@ -204,10 +204,13 @@ def least_peak(problem: Problem, *, formulation: str = "auto", implementations: 
     model = _model(kind, posed, None, allow_approximate, fixed, horizon)
     result = model.milp.solve(time_limit=time_limit, seed=seed,
                               warm=model.warm_start(start.dropped, start.options) if start else None)
-    found = [start.replay.peak] if start else []  # the heuristic schedule's peak stands if HiGHS does no better
+    # (peak, schedule): the heuristic schedule's peak stands if HiGHS does no better
+    found = [(start.replay.peak, Schedule.from_dict(problem, start.schedule.to_dict(posed)))] if start else []
     if result.values is not None:
-        found.append(model.memory.least_budget(result.values[model.memory.peak]))
+        found.append((model.memory.least_budget(result.values[model.memory.peak]),
+                      Schedule.from_dict(problem, model.schedule(result.values).to_dict(posed))))
     if not found:
         raise SolverFailedError(f"HiGHS found no schedule at any budget within {time_limit:g} s ({result.status})")
+    least, schedule = min(found, key=lambda pair: pair[0])
     bound = model.memory.least_budget(result.bound) if np.isfinite(result.bound) else 0
-    return LeastPeak(min(found), min(found) if result.status == "optimal" else min(min(found), bound))
+    return LeastPeak(least, least if result.status == "optimal" else min(least, bound), schedule)

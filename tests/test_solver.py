@@ -16,7 +16,7 @@ from monet.solver import (
     validate,
 )
 from monet.solver.compact import Compact
-from monet.solver.heuristics import best_first_need, recompute_at_first_need
+from monet.solver.heuristics import best_first_need, chen_candidates, recompute_at_first_need
 from monet.solver.stages import Stages
 
 
@@ -60,6 +60,15 @@ def test_infeasible_budget_names_the_least_peak():
         solve(p, least - 2)
     assert info.value.least_peak == least
     assert solve(p, least).peak <= least
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_least_peak_gives_a_schedule_that_reaches_it(seed):
+    p = relu_chain(10) if seed == 0 else random_dag(seed, 12)
+    least = least_peak(p, time_limit=10)
+    validate(p, least.schedule)
+    assert simulate(p, least.schedule).peak <= least.found
+    assert solve(p, least.found, start=least.schedule, time_limit=10).peak <= least.found
 
 
 def test_same_input_same_schedule():
@@ -190,7 +199,7 @@ def test_shaving_fits_budgets_below_chens_least_peak():
     shaved = 0
     for seed in range(20):
         p = random_dag(seed, 10)
-        chen_least = best_first_need(p, None)[1].peak
+        chen_least = min(simulate(p, recompute_at_first_need(p, d)).peak for d in chen_candidates(p))
         found = best_first_need(p, chen_least - 1)
         if found is None:
             continue
@@ -199,6 +208,8 @@ def test_shaving_fits_budgets_below_chens_least_peak():
         schedule = recompute_at_first_need(p, dropped)
         validate(p, schedule)
         assert simulate(p, schedule).peak == replay.peak < chen_least
+        # with no budget, shaving goes on along the same path as far as it lowers the peak
+        assert best_first_need(p, None)[1].peak <= replay.peak
     assert shaved >= 3
 
 
