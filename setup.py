@@ -13,7 +13,7 @@ setup(
         "monet.solver": "solver",
         "monet.schedules": "schedules",
     },
-    package_data={"monet.schedules": ["*.json"]},
+    package_data={"monet.schedules": ["*.json", "zoo.md"]},
     install_requires=[
         "torch>=2.13,<2.14",
         "cvxpy>=1.9",
