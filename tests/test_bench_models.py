@@ -13,12 +13,14 @@ sys.path.insert(0, str(Path(__file__).parents[1]))  # benchmarks/ is not a packa
 from benchmarks.models import MODELS  # noqa: E402
 
 # Parameters at 1000 classes: torchvision's figures (resnet50: torchvision's, built by MONAI;
-# unet: the classic UNet with 3 in and 2 out channels; transformers: their base configs).
+# unet: the classic UNet with 3 in and 2 out channels; transformers: their base configs; cnn: monet's
+# bundled CNN, 10 classes).
 PARAMS = {
     "resnet50": 25_557_032, "vgg16": 138_357_544, "mobilenet_v2": 3_504_872, "googlenet": 6_624_904,
-    "unet": 31_037_698, "distilbert": 66_364_418, "gpt2": 124_439_808,
+    "unet": 31_037_698, "distilbert": 66_364_418, "gpt2": 124_439_808, "cnn": 179_930,
 }
-BLOCKS = {"resnet50": 16, "vgg16": 5, "mobilenet_v2": 17, "googlenet": 9, "unet": 9, "distilbert": 6, "gpt2": 12}
+BLOCKS = {"resnet50": 16, "vgg16": 5, "mobilenet_v2": 17, "googlenet": 9, "unet": 9, "distilbert": 6, "gpt2": 12,
+          "cnn": 7}
 NEEDS = {"resnet50": "monai", "distilbert": "transformers", "gpt2": "transformers"}
 
 
@@ -42,6 +44,7 @@ def expected_output_shape(bench_model) -> tuple[int, ...]:
         "unet": (shape[0], 2, *shape[2:]),
         "distilbert": (shape[0], 2, shape[1]),
         "gpt2": (*shape, 50257),
+        "cnn": (shape[0], 10),
     }.get(bench_model.name, (shape[0], 1000))
 
 
