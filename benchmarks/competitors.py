@@ -41,19 +41,17 @@ BUDGETED = ("torch.compile", "checkmate", "monet-checkpointing", "monet")
 
 @dataclass
 class Entry:
-    """One competitor at one budget (None: it takes none). `budget` is in bytes of the
-    unconstrained peak as monet predicts it; `predicted` is (peak, seconds) for schedules."""
+    """One competitor at one budget (None: it takes none), in bytes; `name` says both
+    ("monet@50%": the budget as a share of the unconstrained peak monet predicts);
+    `predicted` is (peak, seconds) for schedules."""
 
+    name: str
     family: str
     budget: int | None
     module: nn.Module | None
     status: str
     predicted: tuple[int, float] | None = None
     solve_time: float | None = None
-
-    @property
-    def name(self) -> str:
-        return self.family if self.budget is None else f"{self.family}@{self.budget}"
 
 
 def checkpoint_blocks(model: nn.Module, blocks: list[nn.Module]) -> nn.Module:
@@ -106,18 +104,13 @@ def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int,
     starts = starts or {}
     shape = tuple(problem.meta["input"]["shape"])
     model_name = type(model).__name__
-    alone: dict[int, ScheduleFile] = {}  # checkpointing's schedule per budget: where the joint search starts
+    alone: dict[int, ScheduleFile] = {}  # checkpointing's schedule per budget: else where the joint search starts
 
     def run(made: ScheduleFile) -> tuple[nn.Module, ScheduleFile]:
         return MONeTWrapper(copy.deepcopy(model), made, shape), made
 
     def solved(budget: int, implementations: bool) -> tuple[nn.Module, ScheduleFile]:
-        start = None
-        if implementations and budget in starts:
-            start = schedule_file(problem, starts[budget], model_name, budget=budget,
-                                  solver={"formulation": "least peak", "status": "start"})
-        elif implementations:
-            start = alone.get(budget)
+        start = (starts.get(budget) or alone.get(budget)) if implementations else None
         made = solve_traced(problem, budget, model_name, implementations=implementations, time_limit=time_limit,
                             start=start)
         if not implementations:
@@ -157,8 +150,9 @@ def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int,
     entries = []
     for family in families:
         for budget in budgets if family in BUDGETED else [None]:
-            entries.append(_entry(family, budget, makers[family]))
-            log(f"{entries[-1].name}: {entries[-1].status}")
+            name = family if budget is None else f"{family}@{100 * budget / full_peak:.3g}%"
+            entries.append(_entry(name, family, budget, makers[family]))
+            log(f"{name}: {entries[-1].status}")
     return entries
 
 
@@ -166,19 +160,20 @@ class NotApplicable(Exception):
     """The competitor does not apply to this model."""
 
 
-def _entry(family: str, budget: int | None, make: Callable[..., tuple[nn.Module, ScheduleFile | None]]) -> Entry:
+def _entry(name: str, family: str, budget: int | None,
+           make: Callable[..., tuple[nn.Module, ScheduleFile | None]]) -> Entry:
     """Build one competitor; a failure to build is its row's status, not a crash of the benchmark."""
     try:
         module, made = make() if budget is None else make(budget)
     except NotApplicable as exc:
-        return Entry(family, budget, None, f"n/a: {exc}")
+        return Entry(name, family, budget, None, f"n/a: {exc}")
     except InfeasibleBudgetError as exc:
-        return Entry(family, budget, None, f"infeasible: {exc}")
+        return Entry(name, family, budget, None, f"infeasible: {exc}")
     except SolverFailedError as exc:
-        return Entry(family, budget, None, f"no schedule: {exc}")
+        return Entry(name, family, budget, None, f"no schedule: {exc}")
     except Exception as exc:  # noqa: BLE001 - a compiler or runtime failure is a result to report
-        return Entry(family, budget, None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        return Entry(name, family, budget, None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     if made is None:
-        return Entry(family, budget, module, "ok")
-    return Entry(family, budget, module, made.solver["status"], (made.predicted["peak"], made.predicted["time"]),
-                 made.solver.get("solve_time_s"))
+        return Entry(name, family, budget, module, "ok")
+    return Entry(name, family, budget, module, made.solver["status"],
+                 (made.predicted["peak"], made.predicted["time"]), made.solver.get("solve_time_s"))

@@ -24,14 +24,16 @@ COLUMNS = ("competitor", "budget", "status", "predicted peak", "measured peak", 
 
 def machine(device: str) -> str:
     """The machine, in words: CPU model and cores, or the GPU's name; torch's version."""
-    if device == "cuda":
-        where = torch.cuda.get_device_name()
-    else:
-        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
-            else platform.processor()
-        where = f"CPU: {model}, {torch.get_num_threads()} threads"
+    cpu = f"CPU: {_cpu_name()}, {torch.get_num_threads()} threads"
+    where = torch.cuda.get_device_name() if device == "cuda" else cpu
     return f"{where}; torch {torch.__version__}"
+
+
+def _cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+                platform.processor())
 
 
 def beaten_by(row: dict, rows: list[dict]) -> list[str]:

@@ -58,7 +58,8 @@ def resolve_budgets(texts: list[str], problem: Problem, full_peak: int,
     return sorted(budgets), starts
 
 
-def bench_model(name: str, args: argparse.Namespace) -> tuple[dict, list[dict]]:
+def bench_model(name: str, args: argparse.Namespace) -> None:
+    """Trace, build, measure and write the results of one model."""
     bench = MODELS[name]
     shape = bench.quick_shape if args.quick else bench.input_shape
     tag = shape_tag(bench, shape)
@@ -86,10 +87,9 @@ def bench_model(name: str, args: argparse.Namespace) -> tuple[dict, list[dict]]:
     rows = []
     for e in entries:
         measured = stats.get(e.name)
-        pct = None if e.budget is None else 100 * e.budget / full.peak
         rows.append({
-            "model": name, "name": e.family if pct is None else f"{e.family}@{pct:.3g}%", "competitor": e.family,
-            "budget": e.budget, "budget_pct": pct, "status": e.status,
+            "model": name, "name": e.name, "competitor": e.family, "budget": e.budget,
+            "budget_pct": None if e.budget is None else 100 * e.budget / full.peak, "status": e.status,
             "predicted_peak": e.predicted and e.predicted[0], "predicted_time_s": e.predicted and e.predicted[1],
             "measured_peak": measured and measured.peak, "step_time_s": measured and measured.step_time,
             "solve_time_s": e.solve_time,
@@ -109,7 +109,6 @@ def bench_model(name: str, args: argparse.Namespace) -> tuple[dict, list[dict]]:
     }
     for path in write_model(args.output, tag, header, rows):
         console.log(f"wrote {path}")
-    return header, rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,16 +64,17 @@ def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | floa
 def solve_traced(problem: Problem, budget: str | int | float, model_name: str, *, implementations: bool = True,
                  allow_approximate: bool = False, options: dict[str, str] | None = None,
                  formulation: str = "auto", time_limit: float = 60.0, gap: float = 5e-3,
-                 horizon: int | None | str = "auto", start: ScheduleFile | None = None,
+                 horizon: int | None | str = "auto", start: Schedule | ScheduleFile | None = None,
                  solver_log: bool = False) -> ScheduleFile:
     """`solve` on an already traced and costed problem (to solve several variants of one);
-    `start`, a schedule solved on the same problem, is a starting point the result is no slower than."""
+    `start`, a schedule of the same problem (or its file), is a starting point the result is no slower than."""
+    if isinstance(start, ScheduleFile):
+        start = Schedule.from_dict(problem, {**start.schedule, "saved": list(start.schedule["saved"])})
     unconstrained = simulate(problem, keep_all(problem))
     solution = solve_problem(problem, parse_budget(budget, unconstrained.peak), formulation=formulation,
                              implementations=implementations, allow_approximate=allow_approximate,
                              options=options, time_limit=time_limit, gap=gap, horizon=horizon,
-                             start=start and Schedule.from_dict(problem, {**start.schedule,
-                                                                          "saved": list(start.schedule["saved"])}),
+                             start=start,
                              verbose=solver_log)
     return schedule_file(problem, solution.schedule, model_name, budget=int(solution.budget),
                          solver={**solution.summary(), "implementations": implementations,
