@@ -113,10 +113,14 @@ def analyze(gm: torch.fx.GraphModule, num_fwd_outputs: int | None = None) -> Gra
     for node in graph.nodes:
         if node.op == "placeholder":
             (val,) = _tensors_in(node.meta["val"])
+            key = StorageWeakRef(val.untyped_storage())
+            if key in owner:  # a tied parameter (GPT-2's embedding and LM head): one storage, counted once
+                node_tensors[node.name] = (owner[key],)
+                continue
             tid = len(tensors)
             tensors.append({"name": node.name, "bytes": _bytes(val), "role": _role_of_input(node), "op": None,
                             "shape": tuple(val.shape), "dtype": str(val.dtype)})
-            owner[StorageWeakRef(val.untyped_storage())] = tid
+            owner[key] = tid
             node_tensors[node.name] = (tid,)
         elif node.op == "call_function":
             refs, new = [], []

@@ -96,6 +96,9 @@ def make_partition(plan: ExecutionPlan, on_split: Callable[[fx.GraphModule, fx.G
         # reads one is safe (see monet.graph.analyze), so skip autograd's version check
         # for them. AOTAutograd wants those saved tensors last.
         saved = [nodes[name] for name in plan.saved]
+        held = {plan.analysis.node_tensors[n.name] for n in saved if n.op == "placeholder"}
+        saved += [p for p in placeholders  # tied parameters: every input that holds a saved one's storage
+                  if p not in saved and plan.analysis.node_tensors[p.name] in held]
         unchecked = [n for n in saved if isinstance(n.meta.get("desc"), BufferAOTInput)]
         saved = [n for n in saved if n not in unchecked] + unchecked
         for node in unchecked:
