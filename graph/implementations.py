@@ -204,26 +204,47 @@ class PoolOffsets(_BackwardFromCompact):
         return (value, *site.params)
 
 
-class GeluCodes(_BackwardFromCompact):
-    """GELU's backward from its input (PyTorch), or, approximate and only when enabled, from a
-    2-bit code of the input's interval with the derivative piecewise constant."""
+class _ActivationCodes(_BackwardFromCompact):
+    """A smooth activation's backward from its input (PyTorch), or, approximate and only when
+    enabled, from a 2-bit code of the input's interval with the derivative piecewise constant."""
 
-    name, options, approximate = "gelu", ("exact", "2bit"), ("2bit",)
-    backward_target = aten.gelu_backward.default
-    pack_kernel, backward_kernel = kernels.gelu_codes, kernels.gelu_backward_from_codes
+    options, approximate = ("exact", "2bit"), ("2bit",)
+    pack_kernel, backward_kernel = kernels.activation_codes, kernels.backward_from_codes
+    forward_target = ""
+    levels: tuple[float, ...] = ()
+
+    def exact_form(self, node: fx.Node) -> bool:
+        return len(node.args) == 2
 
     def match(self, node, analysis):
         grad, source = node.args[:2]
         x = _tensor(analysis, source)
-        if node.kwargs.get("approximate", "none") != "none" or len(node.args) > 2 or not x:
+        if not self.exact_form(node) or not x:
             return None
         problem = analysis.problem
         forward = [problem.ops[r] for r in problem.readers[problem.tensor_named(x).id]
-                   if problem.ops[r].target == "aten.gelu.default"]
+                   if problem.ops[r].target == self.forward_target]
         if not forward or not _tensor(analysis, grad):
             return None
         return Site(self.name, f"{forward[0].name}:backward", (forward[0].name, node.name),
-                    (_tensor(analysis, grad), x))
+                    (_tensor(analysis, grad), x), (self.levels,))
+
+
+class GeluCodes(_ActivationCodes):
+    """GELU (the exact erf form) from its input or from 2-bit codes."""
+
+    name, forward_target, levels = "gelu", "aten.gelu.default", kernels.GELU_LEVELS
+    backward_target = aten.gelu_backward.default
+
+    def exact_form(self, node):
+        return node.kwargs.get("approximate", "none") == "none" and len(node.args) == 2
+
+
+class SiluCodes(_ActivationCodes):
+    """SiLU (swish) from its input or from 2-bit codes."""
+
+    name, forward_target, levels = "silu", "aten.silu.default", kernels.SILU_LEVELS
+    backward_target = aten.silu_backward.default
 
 
 class BatchNormFromOutput:
@@ -342,7 +363,7 @@ class ConvAlgorithm:
 def families(device: torch.device, *, times_measured: bool = True) -> list:
     """The families that apply on `device`. Convolution algorithms only compete on measured times
     (the analytic cost model cannot tell them apart)."""
-    found = [ReluMask(), DropoutMask(), PoolOffsets(), GeluCodes(), BatchNormFromOutput()]
+    found = [ReluMask(), DropoutMask(), PoolOffsets(), GeluCodes(), SiluCodes(), BatchNormFromOutput()]
     return found + [ConvAlgorithm(device)] if times_measured else found
 
 

@@ -93,14 +93,16 @@ def batch_norm_backward_from_output(grad: torch.Tensor, out: torch.Tensor, weigh
                                                              save_invstd, True, eps, output_mask)
 
 
-# GELU's derivative, approximated by four levels chosen by where x falls (a 2-bit code per element).
-_GELU_EDGES = (-1.0, 0.0, 1.0)
-_GELU_LEVELS = (-0.1052, 0.182, 0.818, 1.1052)  # mean derivative over each interval, x ~ N(0, 1)
+# A smooth activation's derivative, approximated by four levels chosen by where x falls (a 2-bit
+# code per element). The levels are the mean derivative over each interval for x ~ N(0, 1).
+_CODE_EDGES = (-1.0, 0.0, 1.0)
+GELU_LEVELS = (-0.1052, 0.182, 0.818, 1.1052)
+SILU_LEVELS = (-0.0235, 0.2861, 0.7139, 1.0235)
 
 
-def gelu_codes(x: torch.Tensor) -> torch.Tensor:
-    """2-bit codes of x's interval for the approximate GELU backward, 4 per byte."""
-    edges = torch.tensor(_GELU_EDGES, dtype=x.dtype, device=x.device)
+def activation_codes(x: torch.Tensor) -> torch.Tensor:
+    """2-bit codes of x's interval (below -1, to 0, to 1, above) for an approximate backward, 4 per byte."""
+    edges = torch.tensor(_CODE_EDGES, dtype=x.dtype, device=x.device)
     code = torch.bucketize(x.reshape(-1), edges).to(torch.uint8)
     pad = (-code.numel()) % 4
     if pad:
@@ -109,12 +111,12 @@ def gelu_codes(x: torch.Tensor) -> torch.Tensor:
     return code[:, 0] | (code[:, 1] << 2) | (code[:, 2] << 4) | (code[:, 3] << 6)
 
 
-def gelu_backward_from_codes(grad: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """GELU's backward with its derivative replaced by the level of each element's interval."""
+def backward_from_codes(grad: torch.Tensor, codes: torch.Tensor, levels: tuple[float, ...]) -> torch.Tensor:
+    """An activation's backward with its derivative replaced by the level of each element's interval."""
     shifts = torch.tensor((0, 2, 4, 6), dtype=torch.uint8, device=codes.device)
     code = ((codes.unsqueeze(1) >> shifts) & 3).reshape(-1)[: grad.numel()].to(torch.int64)
-    levels = torch.tensor(_GELU_LEVELS, dtype=grad.dtype, device=grad.device)
-    return grad * levels[code].view(grad.shape)
+    table = torch.tensor(levels, dtype=grad.dtype, device=grad.device)
+    return grad * table[code].view(grad.shape)
 
 
 @contextlib.contextmanager

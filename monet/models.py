@@ -79,16 +79,21 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm transformer encoder block: multi-head self-attention and a GELU MLP, dropout on both branches."""
+    """Pre-norm transformer encoder block: multi-head self-attention and an MLP (GELU, or SiLU as in
+    Llama-style models), dropout on both branches."""
 
-    def __init__(self, dim: int = 128, heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.1):
+    _ACTIVATIONS = {"gelu": nn.GELU, "silu": nn.SiLU}
+
+    def __init__(self, dim: int = 128, heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.1,
+                 activation: str = "gelu"):
         super().__init__()
         self.heads = heads
         self.norm1 = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), self._ACTIVATIONS[activation](),
+                                 nn.Linear(mlp_ratio * dim, dim))
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x):
@@ -103,9 +108,11 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     """A stack of transformer blocks with a final LayerNorm; input and output are (batch, tokens, dim)."""
 
-    def __init__(self, dim: int = 128, depth: int = 4, heads: int = 4, dropout: float = 0.1):
+    def __init__(self, dim: int = 128, depth: int = 4, heads: int = 4, dropout: float = 0.1,
+                 activation: str = "gelu"):
         super().__init__()
-        self.blocks = nn.Sequential(*(TransformerBlock(dim, heads, dropout=dropout) for _ in range(depth)))
+        self.blocks = nn.Sequential(*(TransformerBlock(dim, heads, dropout=dropout, activation=activation)
+                                      for _ in range(depth)))
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, x):

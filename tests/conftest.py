@@ -14,6 +14,7 @@ SMALL = {
     "cnn": ({}, (16, 3, 32, 32)),
     "mlp": ({"hidden": 64, "depth": 24}, (1024, 32)),
     "transformer": ({"dim": 64, "depth": 3}, (4, 64, 64)),
+    "transformer-silu": ({"dim": 64, "depth": 3, "activation": "silu"}, (4, 64, 64)),
     "distilbert": ({"n_layers": 2, "dim": 64, "hidden_dim": 128, "n_heads": 4, "vocab_size": 1000,
                     "max_position_embeddings": 128}, (4, 64)),
 }
@@ -27,7 +28,8 @@ def small_model(name: str):
 
     torch.manual_seed(0)
     kwargs, shape = SMALL[name]
-    factory = {"cnn": ResidualCNN, "mlp": MLP, "transformer": Transformer, "distilbert": DistilBertQA}[name]
+    factory = {"cnn": ResidualCNN, "mlp": MLP, "transformer": Transformer, "transformer-silu": Transformer,
+               "distilbert": DistilBertQA}[name]
     return factory(**kwargs), shape
 
 

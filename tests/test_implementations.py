@@ -68,10 +68,12 @@ def test_distilbert_trains_like_pytorch_with_packed_dropout_masks():
     assert max(errors.values()) < 1e-5, errors
 
 
-def test_approximate_gelu_only_when_allowed_and_its_error_is_reported():
-    model, shape, problem = traced("transformer")
+@pytest.mark.parametrize("name, activation", [("transformer", "gelu"), ("transformer-silu", "silu")])
+def test_approximate_activation_codes_only_when_allowed_and_their_error_is_reported(name, activation):
+    model, shape, problem = traced(name)
     gelus = [c for c in problem.choices if "2bit" in c.approximate]
-    assert gelus and all(0 < c.error("2bit") < 0.5 for c in gelus)  # measured while profiling
+    assert gelus and all(c.name.startswith(activation) for c in gelus)
+    assert all(0 < c.error("2bit") < 0.5 for c in gelus)  # measured while profiling
     exact = solve_traced(problem, "60%", "Transformer", time_limit=30)
     assert "2bit" not in exact.schedule["options"].values() and exact.schedule["approximate"] == {}
     with pytest.raises(ValueError, match="changes gradients"):
@@ -83,8 +85,8 @@ def test_approximate_gelu_only_when_allowed_and_its_error_is_reported():
     assert all(0 < err < 0.5 for err in approx.schedule["approximate"].values())
     reference = copy.deepcopy(model)
     wrapped = MONeTWrapper(model, approx, shape)
-    assert kernels.gelu_backward_from_codes in targets(wrapped.graphs["backward"])
-    errors = gradient_errors(wrapped, model, reference, small_batch("transformer"))
+    assert kernels.backward_from_codes in targets(wrapped.graphs["backward"])
+    errors = gradient_errors(wrapped, model, reference, small_batch(name))
     assert errors.pop("output") < 1e-6  # the forward is exact
     assert 1e-5 < max(errors.values()) < 0.5, errors  # gradients change, within reason
 
