@@ -11,7 +11,7 @@ picks another option. Options that fail to run on this machine are left out.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import fx
@@ -164,9 +164,11 @@ class ReluMask(_BackwardFromCompact):
 
 
 class DropoutMask(_BackwardFromCompact):
-    """Dropout's backward from its bool mask (PyTorch, a byte per element) or the mask packed 8 per byte."""
+    """Dropout's backward from its bool mask (PyTorch, a byte per element), from the mask packed
+    8 per byte, or from the mask drawn again from the generator state saved before the dropout
+    (`replay`: nothing of the mask is kept; the backward redraws it, exactly)."""
 
-    name, options = "dropout", ("bytes", "bits")
+    name, options = "dropout", ("bytes", "bits", "replay")
     backward_target = aten.native_dropout_backward.default
     pack_kernel, backward_kernel = kernels.dropout_mask, kernels.dropout_backward_from_mask
 
@@ -175,8 +177,62 @@ class DropoutMask(_BackwardFromCompact):
         op = _producer(analysis, _tensor(analysis, mask))
         if op is None or op.target != "aten.native_dropout.default" or not _tensor(analysis, grad):
             return None
+        source, p = mask.args[0].args[:2]
+        if _producer(analysis, _tensor(analysis, source)) is None:
+            return None
         return Site(self.name, f"{op.name}:mask", (op.name, node.name),
-                    (_tensor(analysis, grad), _tensor(analysis, mask)), (scale,))
+                    (_tensor(analysis, grad), _tensor(analysis, mask)), (scale, p))
+
+    def backward_args(self, site, node_args, packed):
+        return (node_args[0], packed, site.params[0])
+
+    def _state(self, device: torch.device) -> NewTensor:
+        state = kernels.rng_state(torch.empty(0, device=device))
+        on_device = allocation_bytes(state.untyped_storage().nbytes(), device.type) if state.device == device else 0
+        return NewTensor(f"{{}}__{self.options[2]}", on_device, tuple(state.shape), "uint8")
+
+    def measure(self, site, node, node_args, device):
+        found = super().measure(site, node, node_args, device)
+        grad = node_args[0]
+        t_new, ws_new, state = measure_call(lambda: kernels.rng_state(grad), device)
+        t_alt, ws_alt, _ = measure_call(lambda: kernels.dropout_backward_replay(grad, state, site.params[1]), device)
+        out = replace(self._state(device), name=f"{site.tensors[-1]}__{self.options[2]}")
+        return {**found, self.options[2]: _Measured((t_new, ws_new), (t_alt, ws_alt), out)}
+
+    def shapes(self, site, node, fake_mode):
+        device = node.meta["val"].device
+        out = replace(self._state(device), name=f"{site.tensors[-1]}__{self.options[2]}")
+        return {**super().shapes(site, node, fake_mode), self.options[2]: _Measured((0.0, 0), (0.0, 0), out)}
+
+    def spec(self, site, problem, measured):
+        bits, replay = measured[self.options[1]], measured[self.options[2]]
+        source = problem.tensor_named(site.tensors[-1])
+        dropout = problem.ops[source.producer]
+        before = problem.ops[problem.tensors[dropout.inputs[0]].producer]
+        pack = NewOp(bits.out.name, f"monet.{kernels.dropout_mask.__name__}", dropout.name, (source.name,),
+                     (bits.out,), ((0.0, 0, False), (*bits.new, True), (0.0, 0, False)))
+        state = NewOp(replay.out.name, f"monet.{kernels.rng_state.__name__}", before.name,
+                      (problem.tensors[dropout.inputs[0]].name,), (replay.out,),
+                      ((0.0, 0, False), (0.0, 0, False), (*replay.new, True)))
+        backward = problem.op_named(site.nodes[1])
+        alternative = Alternative(site.nodes[1], (
+            (tuple(problem.tensors[t].name for t in backward.inputs), backward.time, backward.workspace),
+            ((site.tensors[0], bits.out.name), *bits.alt),
+            ((site.tensors[0], replay.out.name), *replay.alt)))
+        return ChoiceSpec(site.choice, self.options, new_ops=(pack, state), alternatives=(alternative,))
+
+    def rewrite(self, graph, nodes, site, option):
+        if option != self.options[2]:
+            return super().rewrite(graph, nodes, site, option)
+        dropout = nodes[site.nodes[0]]
+        with graph.inserting_before(dropout):
+            state = graph.create_node("call_function", kernels.rng_state, (dropout.args[0],),
+                                      name=f"{site.tensors[-1]}__{option}")
+        backward = nodes[site.nodes[1]]
+        backward.target = kernels.dropout_backward_replay
+        backward.args = (backward.args[0], state, site.params[1])
+        backward.kwargs = {}
+        return [state]
 
 
 class PoolOffsets(_BackwardFromCompact):

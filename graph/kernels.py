@@ -50,6 +50,36 @@ def dropout_backward_from_mask(grad: torch.Tensor, mask: torch.Tensor, scale: fl
     return grad * unpack_bits(mask, grad).to(grad.dtype) * scale
 
 
+def rng_state(x: torch.Tensor) -> torch.Tensor:
+    """The random generator's state of x's device, taken right before a dropout draws its mask
+    (CPU: 5056 bytes; CUDA: seed and offset, 16 bytes, on the host)."""
+    if x.device.type == "cuda":
+        return torch.cuda.get_rng_state(x.device)
+    return torch.get_rng_state()
+
+
+@contextlib.contextmanager
+def _generator_at(state: torch.Tensor, device: torch.device):
+    """Run the block with the generator of `device` set to `state`, then put it back as it was."""
+    cuda = device.type == "cuda"
+    before = torch.cuda.get_rng_state(device) if cuda else torch.get_rng_state()
+    (torch.cuda.set_rng_state(state, device) if cuda else torch.set_rng_state(state))
+    try:
+        yield
+    finally:
+        (torch.cuda.set_rng_state(before, device) if cuda else torch.set_rng_state(before))
+
+
+def dropout_backward_replay(grad: torch.Tensor, state: torch.Tensor, p: float) -> torch.Tensor:
+    """native_dropout_backward with the mask drawn again from the generator state the forward
+    dropout started from: native_dropout's mask depends only on that state, the shape and the
+    dtype, so it is the same mask, and the generator is left as it was."""
+    with _generator_at(state, grad.device):
+        _, keep = torch.ops.aten.native_dropout.default(torch.empty(grad.shape, dtype=grad.dtype,
+                                                                    device=grad.device), p, True)
+    return torch.ops.aten.native_dropout_backward.default(grad, keep, 1.0 / (1.0 - p))
+
+
 def pool_offsets(indices: torch.Tensor, input_hw: tuple[int, int], kernel: tuple[int, int],
                  stride: tuple[int, int], padding: tuple[int, int]) -> torch.Tensor:
     """Max-pool argmax indices (int64, into each input plane) as offsets inside each window (uint8)."""

@@ -17,6 +17,7 @@ EXACT = {
     "mask": ("cnn", kernels.relu_backward_from_mask),
     "offsets": ("cnn", kernels.pool_backward_from_offsets),
     "bits": ("transformer", kernels.dropout_backward_from_mask),
+    "replay": ("transformer", kernels.dropout_backward_replay),
 }
 
 _PROBLEMS = {}
