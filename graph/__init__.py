@@ -13,7 +13,7 @@ from monet.solver.edit import add_choices
 from .analyze import GraphAnalysis, UnsupportedGraphError, allocation_bytes, analyze, fingerprint
 from .capture import InputSpec, TracedStep, TraceError, model_device
 from .cost_model import analytic_times
-from .implementations import choice_specs, rewrite, structure
+from .implementations import RERUN, choice_specs, rewrite, structure
 from .profile import measure_times, measure_workspace
 
 COST_MODELS = ("measured", "analytic")
@@ -54,8 +54,8 @@ def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = 
 
 
 __all__ = [
-    "COST_MODELS", "GraphAnalysis", "InputSpec", "TraceError", "TracedStep", "UnsupportedGraphError", "rewrite",
-    "structure",
+    "COST_MODELS", "RERUN", "GraphAnalysis", "InputSpec", "TraceError", "TracedStep", "UnsupportedGraphError",
+    "rewrite", "structure",
     "allocation_bytes", "analyze", "analytic_times", "costed_problem", "fingerprint", "measure_times",
     "measure_workspace", "model_device",
 ]

@@ -26,6 +26,7 @@ from .cost_model import BANDWIDTH, LAUNCH
 from .profile import measure_call, run_graph
 
 aten = torch.ops.aten
+RERUN = "monet_rerun"  # node meta: (kernel, extra args) that a rerun of the node runs instead
 
 
 @dataclass(frozen=True)
@@ -364,6 +365,52 @@ class BatchNormFromOutput:
         return []
 
 
+class BatchNormRerun:
+    """How a training batch norm reruns in the backward: as in the forward (PyTorch: batch
+    statistics computed again) or from the statistics the forward saved (the normalisation
+    alone). The second keeps those statistics saved (a few bytes per channel) and is exact to
+    rounding; the reduction it skips is most of a batch norm's time on CPU."""
+
+    name, options, approximate = "batch_norm_rerun", ("full", "stats"), ()
+    _forward = aten._native_batch_norm_legit_functional.default
+
+    def find(self, gm, analysis):
+        return [site for node in gm.graph.nodes if node.op == "call_function" and node.target is self._forward
+                for site in [self.match(node, analysis)] if site]
+
+    def match(self, node, analysis):
+        x, weight, bias, _, _, training = node.args[:6]
+        stats = {user.args[1]: user for user in node.users if user.target is operator.getitem}
+        names = [_tensor(analysis, n) for n in (x, stats.get(0), stats.get(1), stats.get(2))]
+        op = _producer(analysis, names[1])
+        if not training or not isinstance(weight, fx.Node) or not isinstance(bias, fx.Node) or None in names \
+                or op is None or not op.recomputable:
+            return None
+        return Site(self.name, f"{node.name}:rerun", (node.name,), tuple(names))
+
+    def measure(self, site, node, node_args, device):
+        _, mean, invstd, _, _ = node.target(*node_args)
+        time, workspace, _ = measure_call(lambda: kernels.batch_norm_from_stats(*node_args, mean, invstd), device)
+        return {self.options[1]: _Measured(alt=(time, workspace))}
+
+    def shapes(self, site, node, fake_mode):
+        return {self.options[1]: _Measured()}
+
+    def spec(self, site, problem, measured):
+        op = problem.op_named(site.nodes[0])
+        inputs = tuple(problem.tensors[t].name for t in op.inputs)
+        time, workspace = measured[self.options[1]].alt
+        alternative = Alternative(op.name, ((inputs, op.time, op.workspace),
+                                            (inputs, op.time, max(op.workspace, workspace), time, site.tensors[2:])))
+        return ChoiceSpec(site.choice, self.options, alternatives=(alternative,))
+
+    def rewrite(self, graph, nodes, site, option):
+        """The forward is unchanged; a rerun of this node runs the kernel on the saved statistics."""
+        nodes[site.nodes[0]].meta[RERUN] = (kernels.batch_norm_from_stats,
+                                            tuple(nodes[name] for name in site.tensors[2:]))
+        return []
+
+
 class ConvAlgorithm:
     """How a convolution (forward or backward) runs: on CPU oneDNN (PyTorch's pick) or PyTorch's own
     kernels; on CUDA cuDNN's default algorithm or the one cudnn.benchmark times fastest.
@@ -419,7 +466,8 @@ class ConvAlgorithm:
 def families(device: torch.device, *, times_measured: bool = True) -> list:
     """The families that apply on `device`. Convolution algorithms only compete on measured times
     (the analytic cost model cannot tell them apart)."""
-    found = [ReluMask(), DropoutMask(), PoolOffsets(), GeluCodes(), SiluCodes(), BatchNormFromOutput()]
+    found = [ReluMask(), DropoutMask(), PoolOffsets(), GeluCodes(), SiluCodes(), BatchNormFromOutput(),
+             BatchNormRerun()]
     return found + [ConvAlgorithm(device)] if times_measured else found
 
 

@@ -123,6 +123,19 @@ def batch_norm_backward_from_output(grad: torch.Tensor, out: torch.Tensor, weigh
                                                              save_invstd, True, eps, output_mask)
 
 
+def batch_norm_from_stats(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, running_mean: torch.Tensor,
+                          running_var: torch.Tensor, training: bool, momentum: float, eps: float,
+                          save_mean: torch.Tensor, save_invstd: torch.Tensor) -> tuple:
+    """_native_batch_norm_legit_functional rerun from the batch statistics its forward run saved:
+    the normalisation alone (no reduction over the batch, running statistics passed through, not
+    updated again). Its output equals the first run's to rounding (the variance is rebuilt from
+    invstd as invstd^-2 - eps, and the kernel adds eps back)."""
+    variance = save_invstd.pow(-2) - eps
+    out = torch.ops.aten._native_batch_norm_legit_no_training.default(x, weight, bias, save_mean, variance,
+                                                                         momentum, eps)[0]
+    return out, save_mean, save_invstd, running_mean, running_var
+
+
 # A smooth activation's derivative, approximated by four levels chosen by where x falls (a 2-bit
 # code per element). The levels are the mean derivative over each interval for x ~ N(0, 1).
 _CODE_EDGES = (-1.0, 0.0, 1.0)

@@ -28,7 +28,7 @@ from torch._functorch.partitioners import (
     _is_tangent,
 )
 
-from monet.graph import GraphAnalysis, fingerprint, rewrite
+from monet.graph import RERUN, GraphAnalysis, fingerprint, rewrite
 from monet.solver import Problem, Schedule
 
 _PINNED_ROLES = ("param", "buffer", "input", "output")
@@ -140,10 +140,11 @@ def _backward_graph(plan: ExecutionPlan, nodes: dict[str, fx.Node], inputs: list
 
     for name, recompute in plan.steps:
         node = nodes[name]
-        if recompute:
+        copied = _rerun(graph, node, value) if recompute else graph.node_copy(node, value)
+        if recompute:  # later reads take the new copy (its inputs were read above, before this)
             for stale in plan.derived[name]:
                 env.pop(stale, None)
-        env[name] = graph.node_copy(node, value)
+        env[name] = copied
         for user in node.users:  # take tuple elements at once so the tuple itself dies here
             if user.target is operator.getitem:
                 env[user.name] = graph.node_copy(user, value)
@@ -151,3 +152,15 @@ def _backward_graph(plan: ExecutionPlan, nodes: dict[str, fx.Node], inputs: list
     out.meta["desc"] = output_descs
     graph.lint()
     return graph
+
+
+def _rerun(graph: fx.Graph, node: fx.Node, value: Callable[[fx.Node], fx.Node]) -> fx.Node:
+    """A forward node copied into the backward as a recomputation; where the schedule's option
+    reruns it another way (node.meta[RERUN]: a kernel and extra arguments, such as the statistics
+    its forward run saved), that kernel runs on the node's arguments and those."""
+    if RERUN not in node.meta:
+        return graph.node_copy(node, value)
+    kernel, extra = node.meta[RERUN]
+    new = graph.call_function(kernel, fx.node.map_arg((*node.args, *extra), value))
+    new.meta = {key: val for key, val in node.meta.items() if key != RERUN}
+    return new

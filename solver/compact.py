@@ -95,6 +95,11 @@ class Compact(Formulation):
                 milp.fix(var, 0.0)  # its op cannot rerun
             elif t in stages.never_worth_keeping:
                 milp.fix(var, 1.0)
+        for op in problem.ops:  # an option whose reruns read the op's own saved outputs keeps them
+            for j, impl in enumerate(op.impls):
+                for t in impl.keeps:
+                    if t in self.drop:
+                        milp.add_row([(self.drop[t], 1.0)] + option(op.id, j), 1.0)
 
         # P[o,k] over o's window; after the window it keeps its last value.
         self.window = op_win
@@ -125,7 +130,7 @@ class Compact(Formulation):
             end = [(P(o, b), 1.0)]
             for j, impl in enumerate(impls):  # rerun time, as the op runs under the chosen option
                 for var, _ in both(end, option(o, j)):
-                    memory.add_time(var, impl.time)
+                    memory.add_time(var, impl.recompute_time)
 
         for t, drop in self.drop.items():
             o = tensors[t].producer
@@ -292,6 +297,6 @@ def _dominates(ops: list, i: int, j: int) -> bool:
     somewhere or first of equals."""
     pairs = [(op.impl(i), op.impl(j)) for op in ops]
     if any(a.runs != b.runs or not set(a.inputs) <= set(b.inputs) or a.time > b.time or a.workspace > b.workspace
-           for a, b in pairs):
+           or a.recompute_time > b.recompute_time or not set(a.keeps) <= set(b.keeps) for a, b in pairs):
         return False
     return i < j or any(a != b for a, b in pairs)

@@ -36,10 +36,11 @@ class NewOp:
 
 @dataclass(frozen=True)
 class Alternative:
-    """An existing op, per option: (input tensor names, time, workspace)."""
+    """An existing op, per option: (input tensor names, time, workspace), optionally followed by
+    (rerun time, names of its outputs that its reruns read and so must be saved)."""
 
     op: str
-    impls: tuple[tuple[tuple[str, ...], float, int], ...]
+    impls: tuple[tuple, ...]
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,13 @@ def add_choices(problem: Problem, specs: list[ChoiceSpec]) -> Problem:
             spec, alt = alternatives[op.name]
             if op.choice is not None:
                 raise ProblemError(f"op {op.name!r} already depends on choice {op.choice!r}")
-            (inputs, _, _), *others = alt.impls
+            (inputs, *_), *others = alt.impls
             if tuple(tensor_id[n] for n in inputs) != op.inputs:
                 raise ProblemError(f"the first option of {spec.name!r} must read what {op.name!r} reads")
             op = replace(op, choice=spec.name, others=tuple(
-                Impl(tuple(tensor_id[n] for n in names), time, workspace) for names, time, workspace in others))
+                Impl(tuple(tensor_id[n] for n in names), time, workspace, rerun_time=rerun[0] if rerun else None,
+                     keeps=tuple(tensor_id[n] for n in (rerun[1] if rerun else ())))
+                for names, time, workspace, *rerun in others))
         ops.append(replace(op, id=len(ops)))
         for spec, new in new_after.get(op.name, ()):
             (time, workspace, runs), *others = new.impls

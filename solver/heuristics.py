@@ -20,6 +20,7 @@ def recompute_at_first_need(problem: Problem, dropped: set[int] | frozenset[int]
     """Keep every droppable forward tensor except `dropped`; rebuild each dropped one once,
     right before the first backward op that needs it, from whatever is kept or rebuilt."""
     tensors = problem.tensors
+    dropped = set(dropped) - {t for op in problem.ops for t in op.keeps}  # reruns read them: never dropped
     rebuilt: set[int] = set()
     seq: list[int] = []
 

@@ -53,6 +53,17 @@ class Impl:
     time: float
     workspace: int = 0
     runs: bool = True
+    rerun_time: float | None = None  # seconds when the backward reruns it, if not `time`
+    keeps: tuple[int, ...] = ()  # tensors a rerun reads besides `inputs` (its own saved outputs): always saved
+
+    @property
+    def recompute_time(self) -> float:
+        return self.time if self.rerun_time is None else self.rerun_time
+
+    @property
+    def backward_reads(self) -> tuple[int, ...]:
+        """What it reads when it runs in the backward phase (a rerun also reads `keeps`)."""
+        return self.inputs + self.keeps
 
 
 @dataclass(frozen=True)
@@ -94,11 +105,13 @@ class Op:
     runs: bool = True
     choice: str | None = None
     others: tuple[Impl, ...] = ()
+    rerun_time: float | None = None
+    keeps: tuple[int, ...] = ()
 
     def impl(self, option: int = 0) -> Impl:
         """The op under option `option` of its choice (0: the first, PyTorch's)."""
         if option == 0:
-            return Impl(self.inputs, self.time, self.workspace, self.runs)
+            return Impl(self.inputs, self.time, self.workspace, self.runs, self.rerun_time, self.keeps)
         return self.others[option - 1]
 
     @property
@@ -207,6 +220,8 @@ class Problem:
             elif op.others or not op.runs:
                 raise ProblemError(f"op {op.name!r} has alternatives but no choice")
             for option, impl in enumerate(op.impls):
+                if not set(impl.keeps) <= set(op.outputs) or (impl.keeps and not op.recomputable):
+                    raise ProblemError(f"op {op.name!r} can only keep its own outputs for its own reruns")
                 if not impl.runs:
                     continue
                 for t in impl.inputs:
@@ -235,7 +250,8 @@ class Problem:
         tensors = [replace(t, id=tid[t.id], producer=None if t.producer is None else oid[t.producer])
                    for t in kept_tensors]
         ops = [Op(oid[op.id], op.name, op.target, op.phase, tuple(tid[t] for t in runs[op.id].inputs),
-                  tuple(tid[t] for t in op.outputs), runs[op.id].time, runs[op.id].workspace, op.recomputable)
+                  tuple(tid[t] for t in op.outputs), runs[op.id].time, runs[op.id].workspace, op.recomputable,
+                  rerun_time=runs[op.id].rerun_time, keeps=tuple(tid[t] for t in runs[op.id].keeps))
                for op in kept_ops]
         return Problem(tensors, ops, self.meta)
 
@@ -260,7 +276,9 @@ class Problem:
                        for t in data["tensors"]]
             ops = [
                 Op(**{**op, "inputs": tuple(op["inputs"]), "outputs": tuple(op["outputs"]),
-                      "others": tuple(Impl(**{**i, "inputs": tuple(i["inputs"])}) for i in op.get("others", ()))})
+                      "keeps": tuple(op.get("keeps", ())),
+                      "others": tuple(Impl(**{**i, "inputs": tuple(i["inputs"]), "keeps": tuple(i.get("keeps", ()))})
+                                      for i in op.get("others", ()))})
                 for op in data["ops"]
             ]
             choices = [Choice(c["name"], tuple(c["options"]), tuple(c.get("approximate", ())),

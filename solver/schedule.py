@@ -84,7 +84,7 @@ def _first_reads(problem: Problem, backward: tuple[int, ...], options: dict[str,
     saved: set[int] = set()
     for i in backward:
         op = problem.ops[i]
-        for t in op.impl(problem.option_index(op, options)).inputs:
+        for t in op.impl(problem.option_index(op, options)).backward_reads:
             tensor = problem.tensors[t]
             if tensor.role in DROPPABLE_ROLES and tensor.producer not in recomputed:
                 saved.add(t)
@@ -109,7 +109,7 @@ def _dead_positions(problem: Problem, seq: list[int], options: dict[str, str]) -
     used: set[int] = set()
     for pos, i in enumerate(seq):
         op = problem.ops[i]
-        for t in op.impl(problem.option_index(op, options)).inputs:
+        for t in op.impl(problem.option_index(op, options)).backward_reads:
             producer = problem.tensors[t].producer
             if producer in live_copy:
                 used.add(live_copy[producer])
@@ -141,7 +141,7 @@ def validate(problem: Problem, schedule: Schedule, *, allow_approximate: bool = 
             raise ScheduleError(f"op {op.name!r} does not run under the chosen options")
         if op.phase == "forward" and not op.recomputable:
             raise ScheduleError(f"op {op.name!r} must not be recomputed (random or impure)")
-        missing = [problem.tensors[t].name for t in impl.inputs if t not in available]
+        missing = [problem.tensors[t].name for t in impl.backward_reads if t not in available]
         if missing:
             raise ScheduleError(f"op {op.name!r} runs before its inputs exist: {', '.join(missing)}")
         available.update(op.outputs)

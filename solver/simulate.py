@@ -85,7 +85,7 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
     version = {t.id: 0 for t in tensors}
     for pos, i in enumerate(schedule.backward):
         op = problem.ops[i]
-        keys = [(t, version[t]) for t in impls[i].inputs]
+        keys = [(t, version[t]) for t in impls[i].backward_reads]
         reads.append(keys)
         for key in keys:
             last_read[key] = pos
@@ -103,7 +103,7 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
         if op.phase == "forward":
             for t in op.outputs:
                 copy[t] += 1
-            recompute_time += impls[i].time
+            recompute_time += impls[i].recompute_time
             run(f"recompute {op.name}", op, copy)
         else:
             backward_time += impls[i].time

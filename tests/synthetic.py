@@ -114,3 +114,24 @@ def relu_chain(n: int, size: int = 100) -> Problem:
                      workspace=2 * size, choice=f"algo{i}", others=[Impl((gz, acts[i], w), 3.0, 0)])
         grad = b.ops[lin_b].outputs[0]
     return b.problem()
+
+
+def norm_chain(n: int, size: int = 100) -> Problem:
+    """n norm layers: norm_i reads a_{i-1} and makes a_i and small statistics s_i; its backward
+    reads a_{i-1} and s_i. Each norm reruns as it runs (choice "rerun_i", option "full") or, for a
+    fifth of the time, from its saved statistics ("stats", which keeps s_i saved)."""
+    b = _Builder()
+    x = b.tensor("x", size, "input")
+    acts, stats = [x], []
+    for i in range(n):
+        b.choices.append(Choice(f"rerun{i}", ("full", "stats")))
+        role = "output" if i == n - 1 else "activation"
+        norm = b.op(f"norm{i}", "forward", [acts[-1]], [(f"a{i}", size, role), (f"s{i}", 1, "activation")], 1.0,
+                    choice=f"rerun{i}", others=[Impl((acts[-1],), 1.0, 0, True, 0.2, (len(b.tensors) + 1,))])
+        acts.append(b.ops[norm].outputs[0])
+        stats.append(b.ops[norm].outputs[1])
+    grad = b.tensor("dy", size, "tangent")
+    for i in reversed(range(n)):
+        op = b.op(f"norm_b{i}", "backward", [grad, acts[i], stats[i]], [(f"g{i}", size, "temp" if i else "grad")])
+        grad = b.ops[op].outputs[0]
+    return b.problem()

@@ -16,6 +16,7 @@ from monet.graph import InputSpec, kernels
 EXACT = {
     "mask": ("cnn", kernels.relu_backward_from_mask),
     "offsets": ("cnn", kernels.pool_backward_from_offsets),
+    "stats": ("cnn", kernels.batch_norm_from_stats),
     "bits": ("transformer", kernels.dropout_backward_from_mask),
     "replay": ("transformer", kernels.dropout_backward_replay),
 }

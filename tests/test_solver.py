@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from synthetic import chain, random_dag, relu_chain
+from synthetic import chain, norm_chain, random_dag, relu_chain
 
 from monet.solver import (
     InfeasibleBudgetError,
@@ -135,6 +135,23 @@ def test_approximate_options_only_when_allowed():
     assert sketchy.replay.time < exact.replay.time
     with pytest.raises(ScheduleError, match="changes gradients"):
         validate(p, sketchy.schedule, allow_approximate=False)
+
+
+def test_reruns_from_saved_outputs_are_cheaper_and_keep_those_outputs():
+    p = norm_chain(8)
+    budget = int(unconstrained(p) * 0.75)
+    joint, alone = solve(p, budget), solve(p, budget, implementations=False)
+    reruns = [p.ops[i] for i in joint.schedule.recomputations(p)]
+    assert reruns and all(joint.schedule.options.get(f"rerun{op.name[4:]}") == "stats" for op in reruns)
+    assert all(p.tensor_named(f"s{op.name[4:]}").id in joint.schedule.saved for op in reruns)
+    assert joint.replay.recompute_time == pytest.approx(0.2 * len(reruns))
+    assert joint.replay.time < alone.replay.time and joint.peak <= budget
+
+    # The same reruns without the statistics saved cannot run.
+    unsaved = Schedule(joint.schedule.saved - {p.tensor_named(f"s{op.name[4:]}").id for op in reruns},
+                       joint.schedule.backward, joint.schedule.options)
+    with pytest.raises(ScheduleError, match="before its inputs exist"):
+        validate(p, unsaved)
 
 
 def test_options_change_what_runs_and_what_is_read():
