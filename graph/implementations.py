@@ -167,7 +167,8 @@ class ReluMask(_BackwardFromCompact):
 class DropoutMask(_BackwardFromCompact):
     """Dropout's backward from its bool mask (PyTorch, a byte per element), from the mask packed
     8 per byte, or from the mask drawn again from the generator state saved before the dropout
-    (`replay`: nothing of the mask is kept; the backward redraws it, exactly)."""
+    (`replay`: nothing of the mask is kept; the backward redraws it, exactly). Under `replay` the
+    dropout itself may also rerun from that state, so its output need not be kept either."""
 
     name, options = "dropout", ("bytes", "bits", "replay")
     backward_target = aten.native_dropout_backward.default
@@ -220,7 +221,10 @@ class DropoutMask(_BackwardFromCompact):
             (tuple(problem.tensors[t].name for t in backward.inputs), backward.time, backward.workspace),
             ((site.tensors[0], bits.out.name), *bits.alt),
             ((site.tensors[0], replay.out.name), *replay.alt)))
-        return ChoiceSpec(site.choice, self.options, new_ops=(pack, state), alternatives=(alternative,))
+        reads = tuple(problem.tensors[t].name for t in dropout.inputs)
+        rerun = Alternative(dropout.name, ((reads, dropout.time, dropout.workspace),) * 2
+                            + ((reads, dropout.time, dropout.workspace, None, (replay.out.name,), True),))
+        return ChoiceSpec(site.choice, self.options, new_ops=(pack, state), alternatives=(alternative, rerun))
 
     def rewrite(self, graph, nodes, site, option):
         if option != self.options[2]:
@@ -229,6 +233,7 @@ class DropoutMask(_BackwardFromCompact):
         with graph.inserting_before(dropout):
             state = graph.create_node("call_function", kernels.rng_state, (dropout.args[0],),
                                       name=f"{site.tensors[-1]}__{option}")
+        dropout.meta[RERUN] = (kernels.dropout_rerun, (state,))
         backward = nodes[site.nodes[1]]
         backward.target = kernels.dropout_backward_replay
         backward.args = (backward.args[0], state, site.params[1])

@@ -70,6 +70,13 @@ def _generator_at(state: torch.Tensor, device: torch.device):
         (torch.cuda.set_rng_state(before, device) if cuda else torch.set_rng_state(before))
 
 
+def dropout_rerun(x: torch.Tensor, p: float, train: bool | None, state: torch.Tensor) -> tuple:
+    """native_dropout rerun in the backward from the generator state its forward run started from:
+    the same output and mask, and the generator is left as it was."""
+    with _generator_at(state, x.device):
+        return torch.ops.aten.native_dropout.default(x, p, train)
+
+
 def dropout_backward_replay(grad: torch.Tensor, state: torch.Tensor, p: float) -> torch.Tensor:
     """native_dropout_backward with the mask drawn again from the generator state the forward
     dropout started from: native_dropout's mask depends only on that state, the shape and the

@@ -95,11 +95,17 @@ class Compact(Formulation):
                 milp.fix(var, 0.0)  # its op cannot rerun
             elif t in stages.never_worth_keeping:
                 milp.fix(var, 1.0)
-        for op in problem.ops:  # an option whose reruns read the op's own saved outputs keeps them
-            for j, impl in enumerate(op.impls):
+        for op in problem.ops:
+            for j, impl in enumerate(op.impls):  # an option whose reruns read saved tensors keeps them
                 for t in impl.keeps:
                     if t in self.drop:
                         milp.add_row([(self.drop[t], 1.0)] + option(op.id, j), 1.0)
+            if op.id in op_win and not all(impl.recomputable for impl in op.impls):
+                rerun_options = [term for j, impl in enumerate(op.impls) if impl.recomputable
+                                 for term in option(op.id, j)]
+                for t in op.outputs:  # dropped only under an option that lets the op rerun
+                    if t in self.drop:
+                        milp.add_row([(self.drop[t], 1.0)] + [(v, -c) for v, c in rerun_options], 0.0)
 
         # P[o,k] over o's window; after the window it keeps its last value.
         self.window = op_win
@@ -297,6 +303,7 @@ def _dominates(ops: list, i: int, j: int) -> bool:
     somewhere or first of equals."""
     pairs = [(op.impl(i), op.impl(j)) for op in ops]
     if any(a.runs != b.runs or not set(a.inputs) <= set(b.inputs) or a.time > b.time or a.workspace > b.workspace
-           or a.recompute_time > b.recompute_time or not set(a.keeps) <= set(b.keeps) for a, b in pairs):
+           or a.recompute_time > b.recompute_time or not set(a.keeps) <= set(b.keeps)
+           or (b.recomputable and not a.recomputable) for a, b in pairs):
         return False
     return i < j or any(a != b for a, b in pairs)

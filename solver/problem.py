@@ -54,7 +54,8 @@ class Impl:
     workspace: int = 0
     runs: bool = True
     rerun_time: float | None = None  # seconds when the backward reruns it, if not `time`
-    keeps: tuple[int, ...] = ()  # tensors a rerun reads besides `inputs` (its own saved outputs): always saved
+    keeps: tuple[int, ...] = ()  # tensors a rerun reads besides `inputs`: always saved under this option
+    recomputable: bool | None = None  # may the backward rerun it under this option (None: as the op says)
 
     @property
     def recompute_time(self) -> float:
@@ -111,12 +112,19 @@ class Op:
     def impl(self, option: int = 0) -> Impl:
         """The op under option `option` of its choice (0: the first, PyTorch's)."""
         if option == 0:
-            return Impl(self.inputs, self.time, self.workspace, self.runs, self.rerun_time, self.keeps)
-        return self.others[option - 1]
+            return Impl(self.inputs, self.time, self.workspace, self.runs, self.rerun_time, self.keeps,
+                        self.recomputable)
+        impl = self.others[option - 1]
+        return impl if impl.recomputable is not None else replace(impl, recomputable=self.recomputable)
 
     @property
     def impls(self) -> tuple[Impl, ...]:
-        return (self.impl(0), *self.others)
+        return tuple(self.impl(j) for j in range(len(self.others) + 1))
+
+    @property
+    def may_rerun(self) -> bool:
+        """Whether the backward may rerun it under some option (random ops only from a saved state)."""
+        return any(impl.recomputable for impl in self.impls)
 
 
 class ProblemError(ValueError):
@@ -220,8 +228,8 @@ class Problem:
             elif op.others or not op.runs:
                 raise ProblemError(f"op {op.name!r} has alternatives but no choice")
             for option, impl in enumerate(op.impls):
-                if not set(impl.keeps) <= set(op.outputs) or (impl.keeps and not op.recomputable):
-                    raise ProblemError(f"op {op.name!r} can only keep its own outputs for its own reruns")
+                if impl.keeps and (not impl.recomputable or op.phase != "forward"):
+                    raise ProblemError(f"op {op.name!r} keeps tensors for reruns it cannot have")
                 if not impl.runs:
                     continue
                 for t in impl.inputs:
@@ -250,7 +258,8 @@ class Problem:
         tensors = [replace(t, id=tid[t.id], producer=None if t.producer is None else oid[t.producer])
                    for t in kept_tensors]
         ops = [Op(oid[op.id], op.name, op.target, op.phase, tuple(tid[t] for t in runs[op.id].inputs),
-                  tuple(tid[t] for t in op.outputs), runs[op.id].time, runs[op.id].workspace, op.recomputable,
+                  tuple(tid[t] for t in op.outputs), runs[op.id].time, runs[op.id].workspace,
+                  runs[op.id].recomputable,
                   rerun_time=runs[op.id].rerun_time, keeps=tuple(tid[t] for t in runs[op.id].keeps))
                for op in kept_ops]
         return Problem(tensors, ops, self.meta)

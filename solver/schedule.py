@@ -139,8 +139,8 @@ def validate(problem: Problem, schedule: Schedule, *, allow_approximate: bool = 
         op, impl = problem.ops[i], impls[i]
         if not impl.runs:
             raise ScheduleError(f"op {op.name!r} does not run under the chosen options")
-        if op.phase == "forward" and not op.recomputable:
-            raise ScheduleError(f"op {op.name!r} must not be recomputed (random or impure)")
+        if op.phase == "forward" and not impl.recomputable:
+            raise ScheduleError(f"op {op.name!r} must not be recomputed (random or impure) under the chosen option")
         missing = [problem.tensors[t].name for t in impl.backward_reads if t not in available]
         if missing:
             raise ScheduleError(f"op {op.name!r} runs before its inputs exist: {', '.join(missing)}")

@@ -103,7 +103,7 @@ class Stages:
                 if tw is not None:
                     tensor_win[t] = tw
                     win = _hull(win, tw)
-            if win is not None and op.recomputable:
+            if win is not None and op.may_rerun:
                 if self.horizon is not None:
                     direct = min((self.reads[0][t] for t in op.outputs if t in self.reads[0]), default=win[1])
                     win = (max(win[0], min(direct, win[1] - self.horizon)), win[1])
@@ -193,6 +193,8 @@ class Stages:
             readers = p.readers[t]
             if t in first or len(readers) != 1 or p.ops[readers[0]].phase != "forward":
                 continue
+            if not all(impl.recomputable for impl in p.ops[p.tensors[t].producer].impls):
+                continue  # dropping it would force the option under which its op may rerun
             needed = [u for u in p.ops[readers[0]].outputs if u in tensor_win]
             if len(needed) == 1 and p.tensors[needed[0]].bytes <= p.tensors[t].bytes:
                 out.add(t)

@@ -8,9 +8,11 @@ import pytest
 import torch
 from conftest import INPUT_DTYPE, gradient_errors, small_batch, small_model
 
-from monet import MONeTWrapper, PeakMemory, resident_bytes
+from monet import InfeasibleBudgetError, MONeTWrapper, PeakMemory, resident_bytes
 from monet.api import solve_traced, trace_problem
 from monet.graph import InputSpec, kernels
+from monet.solver import least_peak
+from monet.training import compare_training
 
 # option -> (small model that has it, kernel the rewritten graph must run)
 EXACT = {
@@ -152,3 +154,24 @@ def test_batch_norm_from_output_floors_a_zero_weight():
     live = [0, 1, 3]  # channels with a usable weight are exact; the zero one only loses its weight gradient
     assert torch.allclose(got[0], ref[0], atol=1e-5) and torch.allclose(got[2], ref[2], atol=1e-5)
     assert torch.allclose(got[1][live], ref[1][live], atol=1e-5)
+
+
+def test_dropout_reruns_from_its_saved_generator_state_below_checkpointings_least_peak():
+    model, shape, problem = traced("distilbert")
+    joint, alone = least_peak(problem, time_limit=20), least_peak(problem, implementations=False, time_limit=20)
+    assert joint.found < alone.found  # dropout outputs (attention probabilities) need not be kept
+    budget = (joint.found + alone.found) // 2
+    with pytest.raises(InfeasibleBudgetError):
+        solve_traced(problem, budget, "DistilBertQA", implementations=False, time_limit=20)
+    schedule = solve_traced(problem, budget, "DistilBertQA", time_limit=30)
+    forward = {name for name, target, phase in schedule.graph["ops"] if target == "aten.native_dropout.default"}
+    rerun = [name for name in schedule.schedule["backward"] if name in forward]
+    assert rerun and all(schedule.schedule["options"][f"{name}:mask"] == "replay" for name in rerun)
+    reference = copy.deepcopy(model)
+    wrapped = MONeTWrapper(model, schedule, shape)
+    assert kernels.dropout_rerun in targets(wrapped.graphs["backward"])
+    errors = gradient_errors(wrapped, model, reference, small_batch("distilbert"))
+    assert max(errors.values()) < 1e-5, errors
+    measured = compare_training({"monet": wrapped}, small_batch("distilbert"), lambda out: out.sum(), steps=1)
+    assert measured["monet"].peak <= budget + 64  # + the loss scalar
+    assert abs(measured["monet"].peak - schedule.predicted["peak"]) <= 0.01 * schedule.predicted["peak"]
