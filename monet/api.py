@@ -37,9 +37,11 @@ def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | floa
     """The fastest schedule for training `model` on `input_shape` within `budget`.
 
     `budget` is bytes, a size string ('4GiB') or a percentage of the unconstrained peak ('50%').
-    With `implementations` the solver also chooses how ops run (ReLU/dropout masks, max-pool
-    offsets, batch norm from its output), jointly with what to keep; off, it only checkpoints.
-    Options that change gradients (few-bit GELU, other convolution algorithms) need
+    With `implementations` the solver also chooses how ops run (ReLU/dropout masks, dropout
+    replayed from its generator state, max-pool offsets, batch-norm reruns from saved statistics),
+    jointly with what to keep; off, it only checkpoints.
+    Options that change gradients (few-bit GELU/SiLU, batch norm from its output, other
+    convolution algorithms) need
     `allow_approximate`; their measured error is recorded in the schedule. `options` fixes
     implementations ({choice: option}, named as in a schedule's "options"). `formulation` is
     "compact" (each tensor recomputed at most once; scales), "general" (any number of
