@@ -11,7 +11,7 @@ picks another option. Options that fail to run on this machine are left out.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import fx
@@ -188,23 +188,22 @@ class DropoutMask(_BackwardFromCompact):
     def backward_args(self, site, node_args, packed):
         return (node_args[0], packed, site.params[0])
 
-    def _state(self, device: torch.device) -> NewTensor:
+    def _state(self, site: Site, device: torch.device) -> NewTensor:
+        """The saved generator state: device memory only where the generator keeps it there."""
         state = kernels.rng_state(torch.empty(0, device=device))
         on_device = allocation_bytes(state.untyped_storage().nbytes(), device.type) if state.device == device else 0
-        return NewTensor(f"{{}}__{self.options[2]}", on_device, tuple(state.shape), "uint8")
+        return NewTensor(f"{site.tensors[-1]}__{self.options[2]}", on_device, tuple(state.shape), "uint8")
 
     def measure(self, site, node, node_args, device):
         found = super().measure(site, node, node_args, device)
         grad = node_args[0]
         t_new, ws_new, state = measure_call(lambda: kernels.rng_state(grad), device)
         t_alt, ws_alt, _ = measure_call(lambda: kernels.dropout_backward_replay(grad, state, site.params[1]), device)
-        out = replace(self._state(device), name=f"{site.tensors[-1]}__{self.options[2]}")
-        return {**found, self.options[2]: _Measured((t_new, ws_new), (t_alt, ws_alt), out)}
+        return {**found, self.options[2]: _Measured((t_new, ws_new), (t_alt, ws_alt), self._state(site, device))}
 
     def shapes(self, site, node, fake_mode):
-        device = node.meta["val"].device
-        out = replace(self._state(device), name=f"{site.tensors[-1]}__{self.options[2]}")
-        return {**super().shapes(site, node, fake_mode), self.options[2]: _Measured((0.0, 0), (0.0, 0), out)}
+        state = self._state(site, node.meta["val"].device)
+        return {**super().shapes(site, node, fake_mode), self.options[2]: _Measured((0.0, 0), (0.0, 0), state)}
 
     def spec(self, site, problem, measured):
         bits, replay = measured[self.options[1]], measured[self.options[2]]
