@@ -11,11 +11,13 @@ from .simulate import Replay
 @dataclass(frozen=True)
 class LeastPeak:
     """The least budget a formulation meets: `found` works (`schedule` peaks there, when
-    there is one to give); none below `bound` can (equal when proven)."""
+    there is one to give); none below `bound` can (equal when proven), among schedules whose
+    reruns fall within `horizon` stages of their use (None: any)."""
 
     found: int
     bound: int
     schedule: Schedule | None = None
+    horizon: int | None = None
 
 
 class InfeasibleBudgetError(ValueError):
@@ -24,13 +26,17 @@ class InfeasibleBudgetError(ValueError):
     def __init__(self, budget: int, least: LeastPeak, formulation: str):
         self.budget = budget
         self.least_peak = least.found
+        within = "" if least.horizon is None else f" with reruns at most {least.horizon} stages ahead of their use"
         if least.found <= least.bound:
-            detail = f"is below the least feasible peak {format_bytes(least.found)} ({least.found} bytes)"
+            detail = f"is below the least feasible peak {format_bytes(least.found)} ({least.found} bytes){within}"
         else:
             detail = f"cannot be met: the least peak found is {format_bytes(least.found)} ({least.found} bytes)"
             if least.bound > 0:
-                detail += f", and no schedule peaks below {format_bytes(least.bound)}"
-        hint = " or try --formulation general, which recomputes more than once" if formulation == "compact" else ""
+                detail += f", and no schedule{within} peaks below {format_bytes(least.bound)}"
+        hint = ""
+        if formulation == "compact":
+            hint = " or try --formulation general, which recomputes more than once"
+            hint += ", or a longer --horizon" if least.horizon is not None else ""
         super().__init__(f"budget {format_bytes(budget)} {detail}; raise the budget to at least that{hint}")
 
 
