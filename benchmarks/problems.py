@@ -2,15 +2,20 @@
 
 Tracing and profiling a full-size model takes minutes on a CPU; the problem it yields is
 plain data, so it is kept in a cache folder (default `.cache/`, not in git) under a name
-that says the model, input shape, cost model and device, and reused by every benchmark.
+that says the model, input shape, cost model, device and the version of the code that made
+it, and reused by every benchmark.
 """
 
 from __future__ import annotations
 
+import hashlib
+from functools import cache
 from pathlib import Path
 
 import torch
 
+import monet.graph
+import monet.solver
 from benchmarks.models import BenchModel
 from monet.api import Progress, trace_problem
 from monet.graph import InputSpec
@@ -26,13 +31,26 @@ def shape_tag(bench: BenchModel, shape: tuple[int, ...]) -> str:
     return f"{bench.name}-b{shape[0]}-{size_text}"
 
 
+@cache
+def pipeline_tag() -> str:
+    """A hash of the code that turns a model into a problem (monet.graph, and the solver's problem
+    types), so that a cached problem is reused only by the code that made it."""
+    graph = Path(monet.graph.__file__).parent
+    solver = Path(monet.solver.__file__).parent
+    digest = hashlib.sha256()
+    for path in [*sorted(graph.glob("*.py")), solver / "problem.py", solver / "edit.py"]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:8]
+
+
 def cached_problem(bench: BenchModel, shape: tuple[int, ...], *, cost_model: str = "analytic",
                    device: str = "cpu", cache: str | Path | None = ".cache", model: torch.nn.Module | None = None,
                    progress: Progress | None = None) -> Problem:
     """The problem of `bench` at `shape`, from the cache or traced now (and then cached).
     Measured costs are never cached: they belong to one run on one machine. `model` is
     the instance to trace (default: a new one)."""
-    path = Path(cache) / f"{shape_tag(bench, shape)}-{cost_model}-{device}.problem.json" if cache else None
+    name = f"{shape_tag(bench, shape)}-{cost_model}-{device}-{pipeline_tag()}.problem.json"
+    path = Path(cache) / name if cache else None
     if path and cost_model == "analytic" and path.exists():
         return Problem.from_json(path.read_text())
     model = model if model is not None else bench.build().to(device)
