@@ -247,6 +247,21 @@ class Problem:
             if t.producer is None and t.role not in (*PERSISTENT_ROLES, "tangent"):
                 raise ProblemError(f"tensor {t.name!r} ({t.role}) has no producer")
 
+    def restrict(self, options: dict[str, str]) -> Problem:
+        """The same problem (ids, choices, names) in which an op whose choice `options` fixes may
+        rerun only as that option allows: the options left out no longer widen where ops can rerun
+        (and so the formulations' size), and they are never chosen anyway."""
+        ops = []
+        for op in self.ops:
+            if op.choice in options:
+                chosen = self.choice_named[op.choice].options.index(options[op.choice])
+                impls = [impl if j == chosen else replace(impl, recomputable=False, keeps=(), rerun_time=None)
+                         for j, impl in enumerate(op.impls)]
+                op = replace(op, recomputable=impls[0].recomputable, keeps=impls[0].keeps,
+                             rerun_time=impls[0].rerun_time, others=tuple(impls[1:]))
+            ops.append(op)
+        return Problem(self.tensors, ops, self.meta, self.choices)
+
     def resolve(self, options: dict[str, str]) -> Problem:
         """The plain problem (no choices) in which every op runs as `options` says; ops that do
         not run are left out with their outputs. Names are kept, ids are renumbered."""

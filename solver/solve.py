@@ -53,7 +53,7 @@ def _pose(problem: Problem, formulation: str, implementations: bool, allow_appro
     if formulation == "auto":
         choosing = len(fixed) < len(problem.choices)
         formulation = "general" if len(problem.forward_ops) <= GENERAL_UP_TO and not choosing else "compact"
-    return formulation, (problem if formulation == "compact" else problem.resolve(fixed)), fixed
+    return formulation, (problem.restrict(fixed) if formulation == "compact" else problem.resolve(fixed)), fixed
 
 
 def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]], horizon: int | None | str
