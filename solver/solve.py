@@ -168,12 +168,14 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
     objective = model.fixed_time + result.objective / 1e3
     # Keeping everything, or the starting schedule, stands where the replay finds it no slower: the
     # rows' safety margin can hide an exact fit, and HiGHS stops anywhere within the gap.
-    others = [baseline] if baseline_replay.peak <= budget else []
-    others += [Schedule.from_dict(problem, found.schedule.to_dict(posed))] if found else []
-    for other in others:
-        replay = simulate(problem, other)
-        if replay.time <= simulate(problem, schedule).time:
-            schedule, objective = other, replay.time
+    others = [(baseline, baseline_replay)]
+    if found:
+        first = Schedule.from_dict(problem, found.schedule.to_dict(posed))
+        others.append((first, simulate(problem, first)))
+    fastest = simulate(problem, schedule).time
+    for other, replay in others:
+        if replay.peak <= budget and replay.time <= fastest:
+            schedule, objective, fastest = other, replay.time, replay.time
     return _solution(schedule, problem, budget, model, result.status, objective,
                      model.fixed_time + max(0.0, result.bound) / 1e3, began)
 
