@@ -11,7 +11,6 @@ import time
 import warnings
 from dataclasses import dataclass
 
-import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
@@ -72,6 +71,8 @@ class Milp:
         cost units) of the optimum. `warm` fixes binaries to a known solution first (an LP, quick);
         if that solution is feasible HiGHS starts from it, so the time limit returns at least it.
         `relax` solves the LP relaxation instead (binaries anywhere in [0, 1])."""
+        import cvxpy as cp  # seconds to import: loaded only when something is solved
+
         binary = np.array(self._binary, dtype=bool)
         index = np.zeros(self.size, dtype=int)
         index[binary] = np.arange(binary.sum())
