@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from monet.api import solve_traced, trace_problem
+from monet.catalog import BUNDLED, input_dtype, load_model
 from monet.cli import parse_shape
 from monet.graph import InputSpec
-from monet.models import BUNDLED, load_model
 from monet.schedules import write_json
 from monet.solver import InfeasibleBudgetError, SolverFailedError, format_bytes, keep_all, simulate
 from monet.training import compare_training
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = args.input_shape or (bundled.input_shape if bundled else None)
     if shape is None:
         parser.error("--input-shape is needed for a model that is not bundled")
-    spec = InputSpec(shape, args.input_dtype or (bundled.input_dtype if bundled else "float32"))
+    spec = InputSpec(shape, args.input_dtype or input_dtype(args.model))
     torch.manual_seed(0)
     model = load_model(args.model)
     console.log(f"tracing and profiling {args.model} at {spec}")

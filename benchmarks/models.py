@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from monet.models import BasicBlock, ResidualCNN, load_model
+from monet.catalog import load_model
+from monet.models import BasicBlock, ResidualCNN
 
 IMAGE_SHAPE = (32, 3, 224, 224)
 QUICK_IMAGE_SHAPE = (8, 3, 128, 128)

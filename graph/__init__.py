@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from monet.schedules import COST_MODELS
 from monet.solver import Problem
 from monet.solver.edit import add_choices
 
@@ -15,8 +16,6 @@ from .capture import InputSpec, TracedStep, TraceError, model_device
 from .cost_model import analytic_times
 from .implementations import RERUN, choice_specs, rewrite, structure
 from .profile import measure_times, measure_workspace
-
-COST_MODELS = ("measured", "analytic")
 
 
 def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = "measured", *,

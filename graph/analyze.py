@@ -17,6 +17,7 @@ import torch
 from torch._functorch._aot_autograd import descriptors as d
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from monet.errors import MonetError
 from monet.solver import Op, Problem, Tensor
 
 _INPUT_ROLES = {d.ParamAOTInput: "param", d.BufferAOTInput: "buffer", d.PlainAOTInput: "input",
@@ -24,7 +25,7 @@ _INPUT_ROLES = {d.ParamAOTInput: "param", d.BufferAOTInput: "buffer", d.PlainAOT
 _CUDA_BLOCK = 512  # the CUDA caching allocator rounds every block to this
 
 
-class UnsupportedGraphError(RuntimeError):
+class UnsupportedGraphError(MonetError, RuntimeError):
     """The traced graph uses a feature monet does not schedule."""
 
 

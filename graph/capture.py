@@ -20,13 +20,15 @@ from torch._functorch.aot_autograd import (
     aot_export_joint_with_descriptors,
 )
 
+from monet.errors import MonetError
+
 _DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
     "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
 }
 
 
-class TraceError(RuntimeError):
+class TraceError(MonetError, RuntimeError):
     """The model's training step could not be traced into one graph."""
 
 

@@ -10,14 +10,20 @@ from importlib import import_module
 
 _EXPORTS = {
     "MONeTWrapper": "monet.wrapper",
+    "MonetError": "monet.errors",
     "ScheduleMismatchError": "monet.runtime",
     "solve": "monet.api",
+    "profile": "monet.api",
+    "solve_problem_file": "monet.api",
     "PeakMemory": "monet.memory",
     "resident_bytes": "monet.memory",
     "InputSpec": "monet.graph",
     "ScheduleFile": "monet.schedules",
     "ScheduleFileError": "monet.schedules",
     "load_schedule": "monet.schedules",
+    "ProblemFile": "monet.schedules",
+    "ProblemFileError": "monet.schedules",
+    "load_problem": "monet.schedules",
     "InfeasibleBudgetError": "monet.solver",
 }
 

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import warnings
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from torch import nn
-
-from monet.graph import InputSpec, TracedStep, analyze, costed_problem
-from monet.schedules import ScheduleFile
+from monet.schedules import ProblemFile, ScheduleFile, load_problem
 from monet.solver import Problem, Schedule, keep_all, simulate
 from monet.solver import solve as solve_problem
 
 from .budget import parse_budget
+
+if TYPE_CHECKING:  # torch and monet.graph load where a model is traced: solving needs neither
+    from torch import nn
+
+    from monet.graph import InputSpec
 
 # progress(stage, done, total): total is None while the length of a stage is unknown.
 Progress = Callable[[str, int, int | None], None]
@@ -21,6 +27,12 @@ def trace_problem(model: nn.Module, spec: InputSpec, *, cost_model: str = "measu
                   implementations: bool = True, progress: Progress | None = None) -> Problem:
     """Trace `model` at `spec` and cost every op of its training step, with (`implementations`)
     every alternative way an op can run, measured here."""
+    from monet.graph import TracedStep, analyze, costed_problem
+
+    if not model.training:
+        warnings.warn(f"{type(model).__name__} is in eval mode; monet solves its training step, so the schedule is "
+                      "for train mode (dropout on, batch norm on batch statistics), and MONeTWrapper trains in train "
+                      "mode (in eval mode it runs the plain model)", stacklevel=3)
     if progress:
         progress("tracing", 0, None)
     with TracedStep(model, spec) as step:
@@ -53,6 +65,8 @@ def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | floa
     `solver_log` prints HiGHS's progress.
     Nothing is written; call `.save(path)` on the result to keep it.
     """
+    from monet.graph import InputSpec
+
     spec = InputSpec(tuple(input_shape), input_dtype, input_requires_grad)
     problem = trace_problem(model, spec, cost_model=cost_model, implementations=implementations or bool(options),
                             progress=progress)
@@ -100,10 +114,40 @@ def schedule_file(problem: Problem, schedule: Schedule, model_name: str, *, budg
                    "unconstrained_peak": unconstrained.peak, "unconstrained_time": unconstrained.time},
         solver=solver,
         cost_model=meta["cost_model"],
-        graph={"fingerprint": meta["fingerprint"], "ops": [[op.name, op.target, op.phase] for op in problem.ops]},
+        graph={"fingerprint": meta["fingerprint"], "ops": [[op.name, op.target, op.phase] for op in problem.ops],
+               "param_dtypes": sorted({t.dtype for t in problem.tensors if t.role == "param" and t.dtype})},
         schedule={"options": decisions["options"],
                   "approximate": {c: problem.choice_named[c].error(o) for c, o in sorted(decisions["options"].items())
                                   if o in problem.choice_named[c].approximate},
                   "saved": {name: problem.tensor_named(name).bytes for name in decisions["saved"]},
                   "backward": decisions["backward"]},
     )
+
+
+def profile(model: nn.Module, input_shape: Sequence[int], *, input_dtype: str = "float32",
+            input_requires_grad: bool = False, cost_model: str = "measured", implementations: bool = True,
+            progress: Progress | None = None) -> ProblemFile:
+    """Trace and profile `model` at `input_shape` here (on the model's device), for solving later or
+    elsewhere: `.save(path)` writes the problem file (`monet profile`), and `solve_problem_file`
+    solves it with `solve`'s options, without the model's code or torch. `implementations=False`
+    profiles only what checkpointing needs (every op runs as in PyTorch)."""
+    from monet.graph import InputSpec
+
+    spec = InputSpec(tuple(input_shape), input_dtype, input_requires_grad)
+    problem = trace_problem(model, spec, cost_model=cost_model, implementations=implementations, progress=progress)
+    return ProblemFile(problem, implementations)
+
+
+def solve_problem_file(problem_file: ProblemFile | str | os.PathLike, budget: str | int | float, *,
+                       implementations: bool = True, allow_approximate: bool = False,
+                       options: dict[str, str] | None = None, formulation: str = "auto", time_limit: float = 60.0,
+                       gap: float = 5e-3, horizon: int | None | str = "auto",
+                       start: Schedule | ScheduleFile | None = None, solver_log: bool = False) -> ScheduleFile:
+    """`solve` on a profiled problem (a ProblemFile, or the path of one that `profile` or `monet profile`
+    wrote): the same options, the same schedule file (its solver record names the problem's digest),
+    which MONeTWrapper runs on the model the problem was profiled from. Needs neither the model nor torch."""
+    made = problem_file if isinstance(problem_file, ProblemFile) else load_problem(problem_file)
+    schedule = solve_traced(made.problem, budget, made.model, implementations=implementations,
+                            allow_approximate=allow_approximate, options=options, formulation=formulation,
+                            time_limit=time_limit, gap=gap, horizon=horizon, start=start, solver_log=solver_log)
+    return dataclasses.replace(schedule, solver={**schedule.solver, "problem": made.digest})

@@ -1,30 +1,40 @@
-"""The `monet` command: demo, solve, pareto, inspect."""
+"""The `monet` command: demo, solve, pareto, inspect.
+
+Only what a command needs is imported, and only once its arguments are checked: help and
+argument errors come at once, and a bad argument never costs a trace or a solve.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import sys
+import tempfile
+import warnings
 from collections import Counter
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from monet.graph import COST_MODELS, InputSpec, TraceError, UnsupportedGraphError
-from monet.schedules import ScheduleFile, ScheduleFileError, load_schedule
-from monet.solver import FORMULATIONS, InfeasibleBudgetError, SolverFailedError, format_bytes, keep_all, simulate
+from monet.errors import MonetError
+from monet.schedules import (
+    COST_MODELS,
+    ProblemFile,
+    ScheduleFile,
+    ScheduleFileError,
+    check_writable,
+    load_problem,
+    load_schedule,
+)
+from monet.solver import FORMULATIONS, format_bytes, keep_all, simulate
 
-from .api import solve, solve_traced, trace_problem
-from .models import BUNDLED, load_model
-from .pareto import STRATEGIES, Point, check_strategies, parse_budget_range, sweep, write_results
-from .runtime import ScheduleMismatchError
-from .training import compare_training
-from .wrapper import MONeTWrapper
+from .budget import parse_budget
+from .catalog import BUNDLED, check_model_name, input_dtype, load_model
+from .pareto import STRATEGIES, Point, check_strategies, parse_budget_range, sweep, title, write_results
 
 console = Console()
 err = Console(stderr=True)
@@ -104,35 +114,57 @@ def _parser() -> argparse.ArgumentParser:
     _solve_options(demo)
 
     solve_p = sub.add_parser("solve", help="solve a schedule for a model, input shape and budget")
-    solve_p.add_argument("model", help=f"bundled model ({', '.join(BUNDLED)}) or package.module:factory")
-    solve_p.add_argument("--input-shape", type=parse_shape, required=True, help="e.g. 32,3,224,224")
+    solve_p.add_argument("model", nargs="?", help=f"bundled model ({', '.join(BUNDLED)}) or package.module:factory; "
+                         "or give --problem instead")
+    solve_p.add_argument("--problem", metavar="FILE", help="solve a problem file from `monet profile` instead of "
+                         "tracing MODEL here (input, device and costs are the file's)")
+    solve_p.add_argument("--input-shape", type=parse_shape, help="e.g. 32,3,224,224 (needed with MODEL)")
     solve_p.add_argument("--budget", required=True, help="bytes (4GiB, 512MB) or %% of the unconstrained peak")
     solve_p.add_argument("-o", "--output", required=True, help="schedule file to write (JSON)")
     solve_p.add_argument("--input-dtype", help="dtype of the input. Default: the bundled model's, else float32")
     solve_p.add_argument("--input-requires-grad", action="store_true",
                          help="the input needs a gradient too (costs memory)")
-    solve_p.add_argument("--device", default="cpu", help="device to trace and profile on. Default: cpu")
+    solve_p.add_argument("--device", help="device to trace and profile on. Default: cpu")
     solve_p.add_argument("--ablation", action="store_true",
                          help="also solve with checkpointing alone on the same profile, start the joint "
                               "search from that schedule, and compare")
     _solve_options(solve_p)
+    solve_p.set_defaults(cost_model=None)  # "measured" with MODEL (see _model_or_problem); --problem has its own
 
     pareto = sub.add_parser("pareto", help="sweep budgets: predicted time against peak memory, per strategy")
-    pareto.add_argument("model", help=f"bundled model ({', '.join(BUNDLED)}) or package.module:factory")
-    pareto.add_argument("--input-shape", type=parse_shape, required=True, help="e.g. 32,3,224,224")
+    pareto.add_argument("model", nargs="?", help=f"bundled model ({', '.join(BUNDLED)}) or package.module:factory; "
+                        "or give --problem instead")
+    pareto.add_argument("--problem", metavar="FILE", help="sweep a problem file from `monet profile` instead of "
+                        "tracing MODEL here")
+    pareto.add_argument("--input-shape", type=parse_shape, help="e.g. 32,3,224,224 (needed with MODEL)")
     pareto.add_argument("--input-dtype", help="dtype of the input. Default: the bundled model's, else float32")
     pareto.add_argument("--budgets", default="30%:100%:10%",
                         help="START:END:STEP or a list (40%%,2GiB), sizes or %% of the unconstrained peak. "
                              "Default: %(default)s")
     pareto.add_argument("--strategies", default=",".join(STRATEGIES),
                         help="comma-separated, from: " + ", ".join(STRATEGIES) + ". Default: all")
-    pareto.add_argument("--cost-model", choices=COST_MODELS, default="measured",
+    pareto.add_argument("--cost-model", choices=COST_MODELS,
                         help="op times: measured here, or analytic (deterministic). Default: measured")
     pareto.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
                         help="time limit of each solver run. Default: 60")
-    pareto.add_argument("--device", default="cpu", help="device to trace and profile on. Default: cpu")
+    pareto.add_argument("--device", help="device to trace and profile on. Default: cpu")
     pareto.add_argument("-o", "--output", default="pareto", help="folder for pareto.csv, .md and .png. "
                         "Default: %(default)s")
+
+    profile_p = sub.add_parser("profile", help="trace and profile a model once, to solve later or on another "
+                               "machine (solve --problem, pareto --problem)")
+    profile_p.add_argument("model", help=f"bundled model ({', '.join(BUNDLED)}) or package.module:factory")
+    profile_p.add_argument("--input-shape", type=parse_shape, required=True, help="e.g. 32,3,224,224")
+    profile_p.add_argument("-o", "--output", required=True, help="problem file to write (JSON)")
+    profile_p.add_argument("--input-dtype", help="dtype of the input. Default: the bundled model's, else float32")
+    profile_p.add_argument("--input-requires-grad", action="store_true",
+                           help="the input needs a gradient too (costs memory)")
+    profile_p.add_argument("--device", default="cpu", help="device to trace and profile on. Default: cpu")
+    profile_p.add_argument("--cost-model", choices=COST_MODELS, default="measured",
+                           help="op times: measured on this machine, or analytic (from FLOPs and bytes; "
+                                "deterministic). Workspace is measured either way. Default: measured")
+    profile_p.add_argument("--checkpointing-only", action="store_true",
+                           help="profile only what checkpointing needs; every op runs as in PyTorch")
 
     inspect = sub.add_parser("inspect", help="show what a schedule keeps and recomputes")
     inspect.add_argument("schedule", help="schedule file, or the name of a bundled schedule")
@@ -141,38 +173,112 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _warn
+        try:
+            return {"demo": _demo, "solve": _solve, "pareto": _pareto, "inspect": _inspect,
+                    "profile": _profile}[args.command](args)
+        except (MonetError, ValueError) as exc:
+            err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)  # paths stay whole
+            return 2
+
+
+def _warn(message, category, *_) -> None:
+    err.print(f"[yellow]warning:[/yellow] {escape(str(message))}", soft_wrap=True)
+
+
+def _check(args, *, output_folder: bool = False) -> None:
+    """Every argument of a command that traces or solves, checked before any of that work starts."""
+    if getattr(args, "model", None) is not None:
+        check_model_name(args.model)
+    if getattr(args, "budget", None) is not None:
+        parse_budget(args.budget, 1)  # its form; a percentage is of the peak, known once traced
+    if getattr(args, "time_limit", 1) <= 0:
+        raise ValueError(f"--time-limit {args.time_limit:g} must be a positive number of seconds")
+    if not 0 <= getattr(args, "gap", 0) < 100:
+        raise ValueError(f"--gap {args.gap:g} must be a percentage from 0 to 100")
+    if getattr(args, "steps", 1) <= 0:
+        raise ValueError(f"--steps {args.steps} must be positive")
+    if getattr(args, "output", None) is not None:
+        check_writable(args.output, "-o", folder=output_folder)
+
+
+def _device(name: str):
+    """The torch device `--device` names, if this torch can run on it."""
+    import torch
+
     try:
-        return {"demo": _demo, "solve": _solve, "pareto": _pareto, "inspect": _inspect}[args.command](args)
-    except (InfeasibleBudgetError, SolverFailedError, ScheduleFileError, ScheduleMismatchError, TraceError,
-            UnsupportedGraphError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        return 2
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"--device {name!r} is not a device name ({exc}); use cpu or cuda") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name}: monet runs on cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ValueError(f"--device {name}: {why} (torch {torch.__version__}); use --device cpu, or a CUDA build "
+                         "of torch on a machine with a GPU")
+    return device
+
+
+def _load(args):
+    """The model named on the command line, on its device, with the input spec the arguments give."""
+    from monet.graph import InputSpec
+
+    device = _device(args.device)
+    spec = InputSpec(args.input_shape, args.input_dtype or input_dtype(args.model),
+                     getattr(args, "input_requires_grad", False))
+    return load_model(args.model).to(device), spec
+
+
+def _save(made, path: str) -> Path:
+    """Write a schedule or problem file. The checks before the work make a failure rare; if it fails
+    all the same, the result is kept in a temporary folder and the error says where."""
+    try:
+        return made.save(path)
+    except OSError as exc:
+        kept = made.save(Path(tempfile.mkdtemp(prefix="monet-")) / (Path(path).name or "out.json"))
+        raise ScheduleFileError(f"could not write {path}: {exc.strerror or exc}; the result is kept in {kept}") \
+            from None
 
 
 def _solve(args) -> int:
+    _model_or_problem(args)
     if args.ablation and args.checkpointing_only:
         raise ValueError("--ablation compares with --checkpointing-only; give one of them")
-    model = load_model(args.model).to(args.device)
-    dtype = args.input_dtype or (BUNDLED[args.model].input_dtype if args.model in BUNDLED else "float32")
-    spec = InputSpec(args.input_shape, dtype, args.input_requires_grad)
-    name = type(model).__name__
+    _check(args)
+    from monet.solver import InfeasibleBudgetError, SolverFailedError
+
+    from .api import solve_problem_file, solve_traced, trace_problem
+
+    if args.problem:
+        made = load_problem(args.problem)
+    else:
+        model, spec = _load(args)
+        name = type(model).__name__
     settings = dict(allow_approximate=args.allow_approximate, formulation=args.formulation,
                     time_limit=args.time_limit, gap=args.gap / 100, horizon=args.horizon,
                     solver_log=args.solver_log)
     with _progress() as progress:
-        problem = trace_problem(model, spec, cost_model=args.cost_model,
-                                implementations=not args.checkpointing_only, progress=progress)
+        if args.problem:
+            def solve_it(**options) -> ScheduleFile:
+                return solve_problem_file(made, args.budget, **options)
+        else:
+            problem = trace_problem(model, spec, cost_model=args.cost_model,
+                                    implementations=not args.checkpointing_only, progress=progress)
+
+            def solve_it(**options) -> ScheduleFile:
+                return solve_traced(problem, args.budget, name, **options)
         alone = None
         if args.ablation:  # checkpointing alone first: the joint search starts from its schedule
             progress("solving with checkpointing alone", 0, None)
             try:
-                alone = solve_traced(problem, args.budget, name, implementations=False, **settings)
+                alone = solve_it(implementations=False, **settings)
             except (InfeasibleBudgetError, SolverFailedError) as exc:
                 alone = exc
         progress("solving", 0, None)
-        schedule = solve_traced(problem, args.budget, name, implementations=not args.checkpointing_only,
-                                start=alone if isinstance(alone, ScheduleFile) else None, **settings)
-    path = schedule.save(args.output)
+        schedule = solve_it(implementations=not args.checkpointing_only,
+                            start=alone if isinstance(alone, ScheduleFile) else None, **settings)
+    path = _save(schedule, args.output)
     _print_summary(schedule)
     if args.ablation:
         _print_ablation(schedule, alone)
@@ -223,15 +329,20 @@ def _inspect(args) -> int:
 
 
 def _pareto(args) -> int:
+    _model_or_problem(args)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     check_strategies(strategies)
     parse_budget_range(args.budgets, 1 << 40)  # a malformed range fails now, not after tracing
-    model = load_model(args.model).to(args.device)
-    dtype = args.input_dtype or (BUNDLED[args.model].input_dtype if args.model in BUNDLED else "float32")
-    spec = InputSpec(args.input_shape, dtype, False)
-    with _progress() as progress:
-        problem = trace_problem(model, spec, cost_model=args.cost_model, implementations="monet" in strategies,
-                                progress=progress)
+    _check(args, output_folder=True)
+    if args.problem:
+        problem = load_problem(args.problem).problem
+    else:
+        from .api import trace_problem
+
+        model, spec = _load(args)
+        with _progress() as progress:
+            problem = trace_problem(model, spec, cost_model=args.cost_model, implementations="monet" in strategies,
+                                    progress=progress)
     full = simulate(problem, keep_all(problem))
     budgets = parse_budget_range(args.budgets, full.peak)
     runs = sum(len(budgets) if STRATEGIES[s][1] else 1 for s in strategies if s in STRATEGIES)
@@ -243,9 +354,9 @@ def _pareto(args) -> int:
             progress(f"sweeping ({point.strategy})", len(done), runs)
 
         points = sweep(problem, budgets, strategies, time_limit=args.time_limit, on_point=on_point)
-    title = f"{type(model).__name__} {'x'.join(map(str, spec.shape))}, {args.device}, {args.cost_model} costs"
-    paths = write_results(points, (full.peak, full.time), args.output, title)
-    table = Table(title=title, box=box.SIMPLE_HEAD)
+    heading = title(problem.meta)
+    paths = write_results(points, (full.peak, full.time), args.output, heading)
+    table = Table(title=heading, box=box.SIMPLE_HEAD)
     for col in ("strategy", "budget", "peak", "predicted time", "overhead", "status"):
         table.add_column(col, justify="left" if col in ("strategy", "status") else "right")
     for p in points:
@@ -256,6 +367,60 @@ def _pareto(args) -> int:
     console.print(table)
     console.print("wrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+# options of `solve` and `pareto` that profiling takes: with --problem, the file has fixed them
+_PROFILE_OPTIONS = {"input_shape": "--input-shape", "input_dtype": "--input-dtype",
+                    "input_requires_grad": "--input-requires-grad", "device": "--device", "cost_model": "--cost-model"}
+
+
+def _model_or_problem(args) -> None:
+    """`solve` and `pareto` trace MODEL here or read --problem FILE: one of the two. With MODEL, fill in
+    the defaults of what profiling takes; with --problem, none of that may be given."""
+    if (args.model is None) == (args.problem is None):
+        raise ValueError(f"`monet {args.command}` takes a MODEL to trace here or --problem FILE (from `monet "
+                         f"profile`), {'not both' if args.model else 'and got neither'}")
+    if args.problem:
+        given = [flag for dest, flag in _PROFILE_OPTIONS.items() if getattr(args, dest, None) not in (None, False)]
+        if given:
+            raise ValueError(f"{', '.join(given)} cannot go with --problem: the problem file was profiled "
+                             "with its input, device and cost model (give them to `monet profile`)")
+        return
+    if args.input_shape is None:
+        raise ValueError(f"`monet {args.command} {args.model}` needs --input-shape, e.g. 32,3,224,224")
+    args.device = args.device or "cpu"
+    args.cost_model = args.cost_model or "measured"
+
+
+def _profile(args) -> int:
+    _check(args)
+    from .api import profile
+
+    model, spec = _load(args)
+    with _progress() as progress:
+        made = profile(model, spec.shape, input_dtype=spec.dtype, input_requires_grad=spec.requires_grad,
+                       cost_model=args.cost_model, implementations=not args.checkpointing_only, progress=progress)
+    path = _save(made, args.output)
+    _print_problem(made)
+    console.print(f"wrote {path}", soft_wrap=True)
+    console.print(f"solve it here or elsewhere: monet solve --problem {path} --budget 50% -o schedule.json",
+                  soft_wrap=True, markup=False, highlight=False)
+    return 0
+
+
+def _print_problem(made: ProblemFile) -> None:
+    problem = made.problem
+    full = simulate(problem, keep_all(problem))
+    table = Table(show_header=False, title=f"{made.model} problem")
+    grad = " (needs grad)" if made.input["requires_grad"] else ""
+    table.add_row("input", f"{'x'.join(map(str, made.input['shape']))} {made.input['dtype']}{grad}")
+    table.add_row("device / costs", f"{made.device} / {made.cost_model} (torch {made.meta.get('torch', '?')})")
+    table.add_row("ops", f"{len(problem.forward_ops)} forward, {len(problem.backward_ops)} backward")
+    table.add_row("ways to run ops", f"{len(problem.choices)} choices" if made.implementations
+                  else "not profiled (checkpointing only)")
+    table.add_row("unconstrained", f"peak {format_bytes(full.peak)}, step {full.time * 1e3:.1f} ms")
+    table.add_row("graph fingerprint", made.fingerprint)
+    console.print(table)
 
 
 def _print_summary(schedule: ScheduleFile) -> None:
@@ -278,8 +443,18 @@ def _print_summary(schedule: ScheduleFile) -> None:
 
 
 def _demo(args) -> int:
+    _check(args)
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    from .api import solve
+    from .training import compare_training
+    from .wrapper import MONeTWrapper
+
     torch.manual_seed(0)
-    model = BUNDLED["cnn"].factory()
+    model = load_model("cnn")
     shape = args.input_shape
     console.print(f"monet demo: {BUNDLED['cnn'].about}, batch {'x'.join(map(str, shape))} on CPU")
     x = torch.randn(shape)

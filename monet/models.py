@@ -1,17 +1,13 @@
-"""Bundled models, and how the CLI finds any model by name.
+"""The bundled models (monet.catalog names them).
 
-The bundled ones are small and self-contained so that demos and tests run on a
-CPU in seconds: a ResNet-style CNN, an MLP with dropout and a transformer block.
-Any other model is named `package.module:factory`, a callable returning an
-nn.Module.
+They are small and self-contained so that demos and tests run on a CPU in
+seconds: a ResNet-style CNN, an MLP with dropout, a transformer, and
+transformers' DistilBERT built from its config.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -135,38 +131,3 @@ class DistilBertQA(nn.Module):
     def forward(self, ids):
         out = self.model(input_ids=ids)
         return torch.stack((out.start_logits, out.end_logits), dim=1)
-
-
-@dataclass(frozen=True)
-class Bundled:
-    factory: Callable[[], nn.Module]
-    input_shape: tuple[int, ...]
-    about: str
-    input_dtype: str = "float32"
-
-
-BUNDLED: dict[str, Bundled] = {
-    "cnn": Bundled(ResidualCNN, (32, 3, 64, 64),
-                   "ResNet-style CNN: 7 residual blocks with conv, BN, ReLU, adds, max/avg pooling, linear"),
-    "mlp": Bundled(MLP, (2048, 32), "32-layer MLP with ReLU, dropout before the head"),
-    "transformer": Bundled(Transformer, (8, 128, 128), "4 pre-norm transformer blocks (attention, GELU MLP, dropout)"),
-    "distilbert": Bundled(DistilBertQA, (8, 384), "DistilBERT question answering (66 M parameters; int64 token ids)",
-                          "int64"),
-}
-
-
-def load_model(name: str) -> nn.Module:
-    """A bundled model by short name, or `package.module:factory` called with no arguments."""
-    if name in BUNDLED:
-        return BUNDLED[name].factory()
-    if ":" not in name:
-        raise ValueError(f"unknown model {name!r}: use one of {', '.join(BUNDLED)} or package.module:factory")
-    module_name, _, attr = name.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load model {name!r}: {exc}") from exc
-    model = factory()
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"{name} returned {type(model).__name__}, not an nn.Module")
-    return model

@@ -28,13 +28,14 @@ from torch._functorch.partitioners import (
     _is_tangent,
 )
 
+from monet.errors import MonetError
 from monet.graph import RERUN, GraphAnalysis, fingerprint, rewrite
 from monet.solver import Problem, Schedule
 
 _PINNED_ROLES = ("param", "buffer", "input", "output")
 
 
-class ScheduleMismatchError(ValueError):
+class ScheduleMismatchError(MonetError, ValueError):
     """A schedule that was made for another graph, shape, dtype or device."""
 
 

@@ -30,7 +30,7 @@ class MONeTWrapper(nn.Module):
         self.model = model
         plan_file = solution_file if isinstance(solution_file, ScheduleFile) else load_schedule(solution_file)
         spec = InputSpec(tuple(input_shape), plan_file.input["dtype"], plan_file.input["requires_grad"])
-        _check_input(plan_file, spec, model_device(model).type)
+        _check_input(plan_file, spec, model)
         with _traced(model, spec, plan_file) as step:
             analysis = analyze(step.graph_module)
             _check_graph(plan_file, analysis, model, spec)
@@ -76,13 +76,21 @@ def _traced(model: nn.Module, spec: InputSpec, plan_file: ScheduleFile) -> Trace
         ) from exc
 
 
-def _check_input(plan_file: ScheduleFile, spec: InputSpec, device: str) -> None:
+def _check_input(plan_file: ScheduleFile, spec: InputSpec, model: nn.Module) -> None:
     shape = tuple(plan_file.input["shape"])
     if shape != spec.shape:
         raise ScheduleMismatchError(f"the schedule was made for input shape {shape}, not {spec.shape}")
+    device = model_device(model).type
     if plan_file.device != device:
         raise ScheduleMismatchError(
             f"the schedule was made for a {plan_file.device} model, but the model is on {device}")
+    theirs = plan_file.graph.get("param_dtypes")  # absent from files written before it was recorded
+    ours = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    if theirs is not None and theirs != ours:
+        raise ScheduleMismatchError(
+            f"the schedule was made for a model with {', '.join(theirs)} parameters, but this model's are "
+            f"{', '.join(ours)} (converted with .double(), .half() or .to(dtype)?); convert it back, or solve a "
+            "schedule for the model as it is")
 
 
 def _check_graph(plan_file: ScheduleFile, analysis: GraphAnalysis, model: nn.Module, spec: InputSpec) -> None:

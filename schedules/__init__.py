@@ -1,16 +1,28 @@
-"""monet.schedules: the schedule file format, and precomputed schedules loadable by name."""
+"""monet.schedules: the schedule file format, precomputed schedules loadable by name, and the
+problem file (a profiled training step, solved anywhere)."""
 
 from .format import (
            BUNDLED_DIR,
+           COST_MODELS,
            FORMAT,
            VERSION,
            ScheduleFile,
            ScheduleFileError,
            bundled_names,
+           check_writable,
            load_schedule,
            write_atomic,
            write_json,
 )
+from .problem_file import (
+           PROBLEM_FILE_VERSION,
+           PROBLEM_FORMAT,
+           ProblemFile,
+           ProblemFileError,
+           load_problem,
+           problem_digest,
+)
 
-__all__ = ["BUNDLED_DIR", "FORMAT", "VERSION", "ScheduleFile", "ScheduleFileError", "bundled_names", "load_schedule",
-           "write_atomic", "write_json"]
+__all__ = ["BUNDLED_DIR", "COST_MODELS", "FORMAT", "PROBLEM_FILE_VERSION", "PROBLEM_FORMAT", "VERSION",
+           "ProblemFile", "ProblemFileError", "ScheduleFile", "ScheduleFileError", "bundled_names", "check_writable",
+           "load_problem", "load_schedule", "problem_digest", "write_atomic", "write_json"]

@@ -17,8 +17,11 @@ from pathlib import Path
 
 import jsonschema
 
+from monet.errors import MonetError
+
 FORMAT = "monet.schedule"
 VERSION = 1
+COST_MODELS = ("measured", "analytic")  # how op times were obtained: measured here, or from FLOPs and bytes
 BUNDLED_DIR = Path(__file__).parent
 
 _SCHEMA = {
@@ -46,7 +49,7 @@ _SCHEMA = {
                            for k in ("peak", "time", "unconstrained_peak", "unconstrained_time")},
         },
         "solver": {"type": "object", "required": ["formulation", "status"]},
-        "cost_model": {"enum": ["measured", "analytic"]},
+        "cost_model": {"enum": list(COST_MODELS)},
         "graph": {
             "type": "object", "required": ["fingerprint", "ops"],
             "properties": {
@@ -77,6 +80,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it; mkstemp's is private (0600)
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
@@ -88,13 +92,42 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     return path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def check_writable(path: str | os.PathLike, what: str = "output", *, folder: bool = False) -> Path:
+    """Fail now, before any work, if `path` cannot be written: a file path that names a folder (or,
+    with `folder`, a folder path that names a file), or a nearest existing folder in which nothing
+    can be made (missing folders below it are made when written)."""
+    path = Path(path)
+    if path.is_dir() and not folder:
+        raise ScheduleFileError(f"{what} {str(path)!r} is a folder; give a file path such as {path / 'out.json'}")
+    if path.exists() and not path.is_dir() and folder:
+        raise ScheduleFileError(f"{what} {str(path)!r} is a file; give a folder")
+    existing = path if folder and path.is_dir() else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ScheduleFileError(f"{what} {str(path)!r} cannot be written: {existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):  # what a write will do (permissions, read-only disks)
+            pass
+    except OSError as exc:
+        raise ScheduleFileError(f"{what} {str(path)!r} cannot be written: {existing}: "
+                                f"{exc.strerror or exc}") from None
+    return path
+
+
 def write_json(path: str | os.PathLike, data: object) -> Path:
     """Write `data` as JSON atomically (see write_atomic)."""
     return write_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
-class ScheduleFileError(ValueError):
-    """A schedule file that is missing, corrupt, or of an unknown version."""
+class ScheduleFileError(MonetError, ValueError):
+    """A schedule file that is missing, corrupt, of an unknown version, or that cannot be written."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 
+from monet.errors import MonetError
+
 PROBLEM_VERSION = 1
 
 # Where a tensor comes from, which fixes how long it lives:
@@ -127,7 +129,7 @@ class Op:
         return any(impl.recomputable for impl in self.impls)
 
 
-class ProblemError(ValueError):
+class ProblemError(MonetError, ValueError):
     """A problem that is malformed or inconsistent."""
 
 

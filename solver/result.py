@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from monet.errors import MonetError
+
 from .schedule import Schedule
 from .simulate import Replay
 
@@ -20,7 +22,7 @@ class LeastPeak:
     horizon: int | None = None
 
 
-class InfeasibleBudgetError(ValueError):
+class InfeasibleBudgetError(MonetError, ValueError):
     """The budget is below the least peak any schedule of this formulation reaches."""
 
     def __init__(self, budget: int, least: LeastPeak, formulation: str):
@@ -40,7 +42,7 @@ class InfeasibleBudgetError(ValueError):
         super().__init__(f"budget {format_bytes(budget)} {detail}; raise the budget to at least that{hint}")
 
 
-class SolverFailedError(RuntimeError):
+class SolverFailedError(MonetError, RuntimeError):
     """The solver stopped without a usable schedule."""
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from monet.errors import MonetError
+
 from .problem import Impl, Op, Problem
 
 # Forward tensors that a schedule may drop and rebuild. Persistent inputs and
@@ -21,7 +23,7 @@ from .problem import Impl, Op, Problem
 DROPPABLE_ROLES = ("activation", "state")
 
 
-class ScheduleError(ValueError):
+class ScheduleError(MonetError, ValueError):
     """A schedule that cannot run on its problem."""
 
 
