@@ -74,6 +74,13 @@ def parse_budget_range(text: str, unconstrained_peak: int) -> list[int]:
     return [start + i * step for i in range(count)]
 
 
+def title(meta: dict) -> str:
+    """A sweep's title from its problem's meta (traced here or read from a problem file):
+    model, input shape, device and cost model."""
+    return (f"{meta['model']} {'x'.join(map(str, meta['input']['shape']))}, {meta['device']}, "
+            f"{meta['cost_model']} costs")
+
+
 def check_strategies(strategies: Sequence[str]) -> None:
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
