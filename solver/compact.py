@@ -207,7 +207,7 @@ class Compact(Formulation):
         held_terms: list[Terms] = [[] for _ in range(stages.count)]
         saved_from: list[Terms] = [[] for _ in range(stages.count + 1)]  # saved copies counted below stage k
         for t, (a, b) in tensor_win.items():
-            o, size = tensors[t].producer, tensors[t].bytes
+            o, size = tensors[t].producer, self.units(tensors[t].bytes)
             pre = min(op_win[o][0] + 1 if o in op_win else b + 1, b + 1, max(a, surely[t] + 1))
             if surely[t] >= a:
                 saved_from[pre] += [(self.drop[t], -size), (self.one, size)]
@@ -230,19 +230,21 @@ class Compact(Formulation):
 
         def cost_rows(op_id: int, when: Terms) -> list[tuple[float, Terms]]:
             """The outputs and workspace of running op `op_id` when `when` is 1, as (constant, terms)
-            per memory row. A rerun whose options cost differently gets a row per option j that
-            binds only when j is chosen: size_j * (when + y_j - 1), with no product variable."""
+            per memory row (constants in bytes, terms in memory units). A rerun whose options cost
+            differently gets a row per option j that binds only when j is chosen:
+            size_j * (when + y_j - 1), with no product variable."""
             sizes = stages.op_cost(problem.ops[op_id])
             if when and len({size for _, size in sizes}) > 1:
-                return [(-size, [(v, c * size) for v, c in when + option(op_id, j)]) for j, size in sizes]
+                return [(-size, [(v, c * self.units(size)) for v, c in when + option(op_id, j)])
+                        for j, size in sizes]
             if when:
-                return [(0.0, [(v, c * sizes[0][1]) for v, c in when])]
+                return [(0.0, [(v, c * self.units(sizes[0][1])) for v, c in when])]
             constant, terms = 0.0, []
             for j, size in sizes:
                 if j is None:
                     constant += size
                 else:
-                    terms += [(v, c * size) for v, c in option(op_id, j)]
+                    terms += [(v, c * self.units(size)) for v, c in option(op_id, j)]
             return [(constant, terms)]
 
         def kept_after(k: int, u: int, made: Terms) -> Terms:

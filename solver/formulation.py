@@ -24,6 +24,20 @@ class Formulation:
         self.stages = Stages(problem, horizon)
         self.milp = Milp()
         self.memory = MemoryLimit(self.milp, budget, max((t.bytes for t in problem.tensors), default=1))
+        # Every row that sums bytes states them in memory units (a power of two bytes, so the
+        # conversion is exact): byte coefficients of a GPU-size problem (1e10) beside the memory
+        # rows' 1 / unit (1e-7) span more than HiGHS can handle, and it then calls feasible
+        # models infeasible and stops at schedules far from the optimum as if they were optimal.
+        self.unit = self.memory.unit
+
+    def units(self, nbytes: float) -> float:
+        """Bytes as memory units (the coefficients of every running sum of bytes)."""
+        return nbytes / self.unit
+
+    def add_memory(self, terms: Terms, fixed_bytes: float) -> None:
+        """Memory row `terms + fixed_bytes <= limit`: `terms` in memory units (running sums,
+        or bytes already divided by `units`), `fixed_bytes` in bytes."""
+        self.memory.add([(v, c * self.unit) for v, c in terms], fixed_bytes)
 
     def add_stage(self, k: int, held: Terms, candidates: list[int], ran: Callable[[int], Terms],
                   kept_after: Callable[[int, Terms], Terms],
@@ -33,7 +47,8 @@ class Formulation:
         `ran(o)`: terms equal to 1 when o reruns here; `kept_after(u, made)`: terms equal to 1 when
         output u, made here (`made`), must outlive the stage's reruns ([] if never);
         `cost(op, when)`: bytes of running an op (outputs and workspace), as (constant, terms) per
-        memory row that must hold.
+        memory row that must hold. `held` and `cost`'s terms are in memory units (see `units`),
+        `cost`'s constants in bytes.
         A running sum tracks the bytes this stage's reruns made: an output counts until its last
         forward reader among the candidates has run, then only if it is kept after."""
         milp, problem = self.milp, self.problem
@@ -49,16 +64,17 @@ class Formulation:
         running: Terms = []
         for i, o in enumerate(candidates):
             for constant, terms in cost(o, ran(o)):
-                self.memory.add([(held_var, 1.0)] + running + terms, fixed + constant)
+                self.add_memory([(held_var, 1.0)] + running + terms, fixed + constant)
             after = milp.add_vars()
-            row = [(after, -1.0)] + running + [(v, c * problem.out_bytes(problem.ops[o])) for v, c in ran(o)]
+            row = [(after, -1.0)] + running + [(v, c * self.units(problem.out_bytes(problem.ops[o])))
+                                               for v, c in ran(o)]
             for u, made, kept in releases[i]:
-                size = problem.tensors[u].bytes
+                size = self.units(problem.tensors[u].bytes)
                 row += [(v, -c * size) for v, c in made] + [(v, c * size) for v, c in kept]
             milp.add_row(row, 0.0)
             running = [(after, 1.0)]
         for constant, terms in cost(problem.backward_ops[k].id, []):
-            self.memory.add([(held_var, 1.0)] + running + terms, fixed + constant)
+            self.add_memory([(held_var, 1.0)] + running + terms, fixed + constant)
 
     @property
     def fixed_time(self) -> float:

@@ -70,9 +70,9 @@ class General(Formulation):
         held: list[list[tuple[int, float]]] = [[] for _ in range(stages.count)]
         for t, (a, b) in tensor_win.items():
             for k in range(a):
-                held[k].append((self.saved[t], tensors[t].bytes))
+                held[k].append((self.saved[t], self.units(tensors[t].bytes)))
             for k in range(a, b + 1):
-                held[k].append((self.held[(t, k)], tensors[t].bytes))
+                held[k].append((self.held[(t, k)], self.units(tensors[t].bytes)))
         candidates: list[list[int]] = [[] for _ in range(stages.count)]
         for o, k in sorted(self.rerun):
             candidates[k].append(o)
@@ -90,7 +90,7 @@ class General(Formulation):
 
         def cost(o: int, when: list[tuple[int, float]]) -> list[tuple[float, list[tuple[int, float]]]]:
             (_, size), = stages.op_cost(problem.ops[o])  # resolved problems have no choices
-            return [(0.0, [(v, c * size) for v, c in when]) if when else (size, [])]
+            return [(0.0, [(v, c * self.units(size)) for v, c in when]) if when else (size, [])]
 
         for k in range(stages.count):
             self.add_stage(k, held[k], candidates[k], lambda o, k=k: [(self.rerun[(o, k)], 1.0)],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from monet.solver import Choice, Impl, Op, Problem, Tensor
 
@@ -135,3 +136,13 @@ def norm_chain(n: int, size: int = 100) -> Problem:
         op = b.op(f"norm_b{i}", "backward", [grad, acts[i], stats[i]], [(f"g{i}", size, "temp" if i else "grad")])
         grad = b.ops[op].outputs[0]
     return b.problem()
+
+
+def scaled(problem: Problem, factor: int) -> Problem:
+    """`problem` with every tensor and workspace `factor` times larger (times and structure unchanged):
+    a problem of GPU size from a small one."""
+    tensors = [replace(t, bytes=t.bytes * factor) for t in problem.tensors]
+    ops = [replace(op, workspace=op.workspace * factor,
+                   others=tuple(replace(impl, workspace=impl.workspace * factor) for impl in op.others))
+           for op in problem.ops]
+    return Problem(tensors, ops, problem.meta, problem.choices)
