@@ -1,0 +1,54 @@
+"""Reading MONeT's published instances and Gurobi's logs (benchmarks/monet_instances.py)."""
+
+import io
+import pickle
+
+import numpy as np
+import pytest
+
+from benchmarks.monet_instances import FOLDER, log_of, read_instance, read_log
+
+VGG = FOLDER / "solution_vgg16_176_inplace_conv_multiway_newnode_6.00.pkl"
+
+
+@pytest.mark.skipif(not VGG.exists(), reason="MONeT's instances are not in ../shared/monet-instances")
+def test_an_instance_reads_whole_and_agrees_with_its_gurobi_log():
+    instance = read_instance(VGG)
+    assert (instance.model, instance.batch, instance.budget_gb) == ("vgg16", 176, 6.0)
+    info, solution = instance.info, instance.solution
+    assert len(info.nodes) == instance.forward + instance.stages - 1
+    assert all(info.nodes[i].kind in ("FwdNode", "IntNode") for i in range(instance.forward))
+    assert all(info.nodes[i].kind == "BwdNode" for i in range(instance.forward, len(info.nodes)))
+    assert solution.r.shape == solution.p.shape == (instance.stages, instance.forward)
+    assert np.isin(np.round(solution.r), (0, 1)).all()
+    gurobi = read_log(log_of(instance, FOLDER))
+    assert gurobi.status == "optimal"
+    assert gurobi.objective == float(solution.runtime_expected)
+
+
+def test_a_log_keeps_the_finished_run_over_an_interrupted_rerun(tmp_path):
+    log = tmp_path / "run.out"
+    log.write_text("Explored 1 nodes (8154 simplex iterations) in 16.94 seconds\n"
+                   "Optimal solution found (tolerance 1.00e-04)\n"
+                   "Best objective 1.324000000000e+05, best bound 1.323000000000e+05, gap 0.0755%\n"
+                   "Explored 0 nodes (0 simplex iterations) in 4.25 seconds\n"
+                   "Solve interrupted\n"
+                   "Best objective 3.573830000000e+05, best bound -, gap -\n")
+    got = read_log(log)
+    assert (got.objective, got.bound, got.seconds, got.status) == (132400.0, 132300.0, 16.94, "optimal")
+
+
+def test_a_log_cut_short_gives_its_last_progress_line(tmp_path):
+    log = tmp_path / "run.out"
+    log.write_text("    Nodes    |    Current Node    |     Objective Bounds      |     Work\n"
+                   "  2344  1827 89154.7461   81 18153 89201.0000 88823.1161  0.42%   919 73375s\n"
+                   "  2345  1828 88823.1161    9 18187 89201.0000 88823.1161  0.42%   918 73514s\n")
+    got = read_log(log)
+    assert (got.objective, got.bound, got.seconds, got.status) == (89201.0, 88823.1161, 73514.0, "cut short")
+
+
+def test_a_pickle_naming_other_code_is_refused(tmp_path):
+    path = tmp_path / "solution_vgg16_176_mode_6.00.pkl"
+    path.write_bytes(pickle.dumps([io.StringIO, None]))
+    with pytest.raises(pickle.UnpicklingError, match="not part of MONeT's instance format"):
+        read_instance(path)
