@@ -4,7 +4,10 @@ Storage identity of the traced fake tensors decides what allocates: a node
 whose outputs all share storage with earlier values (views, getitem, detach)
 is an alias and costs nothing; any other node is an op that allocates its new
 storages. Every alias maps to the tensors it shares, so a read through a view
-is a read of the underlying storage, which is what keeps memory alive.
+is a read of the underlying storage, which is what keeps memory alive. A tensor
+constant (`get_attr`: a tensor the forward made from Python data) is held by the
+compiled step before and after every step: it is no tensor of the problem, and the
+op that copies it (`lift_fresh_copy`) is an op with no tensor inputs.
 """
 
 from __future__ import annotations
@@ -151,6 +154,10 @@ def analyze(gm: torch.fx.GraphModule, num_fwd_outputs: int | None = None) -> Gra
                             inputs.append(t)
                 raw_ops.append({"node": node, "inputs": inputs, "outputs": new,
                                 "phase": "forward" if node.name in forward else "backward"})
+        elif node.op == "get_attr":  # a tensor constant the compiled step holds, made before any step runs
+            if not isinstance(node.meta.get("val"), torch.Tensor):
+                raise UnsupportedGraphError(f"graph node {node.name} reads attribute {node.target}, not a tensor")
+            node_tensors[node.name] = ()
         elif node.op != "output":
             raise UnsupportedGraphError(f"graph node {node.name} of kind {node.op} is not supported")
 

@@ -5,11 +5,23 @@ tensors (nothing runs, no state changes) and labels every graph input and
 output: which parameter, buffer, user input, tangent, buffer update or
 gradient it is. The same traced object later compiles into the runtime with a
 partitioner of ours, so the graph we solve on is the graph we run.
+
+The trace runs with `torch.compiler.is_compiling()` true, as under torch.compile, so that
+libraries skip the eager-only shortcuts that read tensor values (transformers' attention-mask
+and packed-sequence checks). Tensors the forward makes from Python data become constants of
+the graph (`get_attr` nodes), which the compiled step holds. A failure says its cause: one
+tensor passed to a model that needs more, data-dependent control flow (and where), a
+data-dependent output shape, a non-tensor output (a transformers cache), an in-place
+operation autograd refuses; anything else is PyTorch's message with the model and input.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
+import os
+import re
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +31,8 @@ from torch._functorch.aot_autograd import (
     aot_compile_joint_with_descriptors,
     aot_export_joint_with_descriptors,
 )
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from monet.errors import MonetError
 
@@ -29,7 +43,11 @@ _DTYPES = {
 
 
 class TraceError(MonetError, RuntimeError):
-    """The model's training step could not be traced into one graph."""
+    """The model's training step could not be traced into one graph; `reason` says why, in words."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 @dataclass(frozen=True)
@@ -83,18 +101,20 @@ class TracedStep:
         self.model = model
         self.spec = spec
         self.device = model_device(model)
+        problem = _one_tensor_problem(model, spec)
+        if problem:
+            raise TraceError(problem)
         self._stack = contextlib.ExitStack()
         was_training = model.training
         model.train()
         try:
-            self._joint = aot_export_joint_with_descriptors(self._stack, model, (spec.example(self.device),))
+            with _compiling():
+                self._joint = aot_export_joint_with_descriptors(self._stack, model, (spec.example(self.device),))
         except Exception as exc:
             self._stack.close()
-            raise TraceError(
-                f"could not trace the training step of {type(model).__name__} at input {spec.describe()}: "
-                f"{type(exc).__name__}: {str(exc).rstrip('.')}. monet needs a model whose forward traces into "
-                "one graph (no Python control flow that depends on tensor values)"
-            ) from exc
+            reason = _explain(exc)
+            raise TraceError(f"could not trace the training step of {type(model).__name__} at input "
+                             f"{spec.describe()}: {reason}", reason) from exc
         finally:
             model.train(was_training)
 
@@ -124,3 +144,92 @@ class TracedStep:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _compiling():
+    """What torch.compile sets while it traces (`torch.compiler.is_compiling()` is True), so that
+    library code skips the eager-only shortcuts that read tensor values (transformers checks
+    `padding_mask.all()` to drop an attention mask, and whether position ids pack several
+    sequences, only when not compiling). torch.export also sets `is_exporting()`; that one is
+    left off, as under torch.compile, so that shortcuts decided from shapes alone stay as eager
+    takes them (DistilBERT's mask-free attention) and traced graphs keep their fingerprints."""
+    session = getattr(torch.compiler, "_compile_session_context", None)
+    return session() if session is not None else contextlib.nullcontext()
+
+
+_KINDS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _one_tensor_problem(model: nn.Module, spec: InputSpec) -> str | None:
+    """Why `model(x)` with monet's one positional tensor cannot call the model's forward, if it cannot."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: let the trace say
+        return None
+    required = [p.name for p in params if p.default is p.empty
+                and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    takes_one = any(p.kind in _KINDS or p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    if len(required) <= 1 and takes_one:
+        return None
+    name = type(model).__name__
+    needs = (f"needs {len(required)} arguments ({', '.join(required)})" if required
+             else "takes no positional argument")
+    return (f"monet passes one tensor to the model (the input, {spec.describe()}); {name}.forward {needs}. "
+            "Wrap it in a module whose forward takes one tensor and makes the rest (an attention mask from the "
+            "token ids, labels), as monet.models.DistilBertQA does")
+
+
+def _explain(exc: BaseException) -> str:
+    """The trace failure `exc` in words: its cause where it is one monet knows, else PyTorch's message."""
+    text = f"{type(exc).__name__}: {str(exc).strip().rstrip('.')}"
+    where = _user_frame(exc)
+    at = f" at {where}" if where else ""
+    if isinstance(exc, (DataDependentOutputException, GuardOnDataDependentSymNode)):
+        text = text.splitlines()[0]  # PyTorch's advice that follows is for torch.export users
+        return (f"data-dependent Python control flow{at}: the code reads a tensor's value ({text}). monet "
+                "traces with fake tensors, which have shapes but no values, so the forward must not branch "
+                "on tensor values (as for torch.export); compute both branches with torch.where, or move the "
+                "decision out of the model")
+    if isinstance(exc, DynamicOutputShapeException):
+        return (f"an op whose output shape depends on tensor values{at} ({text}); boolean-mask indexing, "
+                "nonzero and unique make such shapes, and monet needs every shape known from the input's shape: "
+                "use torch.where or a fixed-size mask instead")
+    message = str(exc)
+    found = re.search(r"Found <class '([^']+)'> in output", message)
+    if found:
+        cls = found.group(1)
+        hint = (" A transformers model returns its key/value cache when it uses one: call it with "
+                "use_cache=False (or set model.config.use_cache = False), or return only the logits or the loss."
+                if "Cache" in cls else "")
+        return (f"the model's output holds a {cls}, which is not a tensor (nor a structure of tensors that "
+                f"PyTorch's pytree knows); return tensors.{hint}")
+    if isinstance(exc, RuntimeError) and re.search(r"in-?place (operation|op)|modified inplace", message):
+        text = text.split(" Hint:")[0].rstrip(".")  # autograd's hint points at a backtrace this error does not show
+        return (f"autograd refuses an in-place operation{at} ({text}); this is autograd's own check, which "
+                "eager PyTorch's model(x).sum().backward() makes too: make that operation out-of-place")
+    return f"{text}{at}"
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+
+
+def _ours(filename: str) -> bool:
+    """Whether a frame in `filename` is PyTorch's or the standard library's (not the model's code)."""
+    if filename.startswith(_TORCH_DIR):
+        return True
+    return filename.startswith(_STDLIB_DIR) and not {"site-packages", "dist-packages"} & set(filename.split(os.sep))
+
+
+def _user_frame(exc: BaseException) -> str | None:
+    """`file:line in function` of the innermost frame of `exc` outside PyTorch (the model's code
+    or a library's), or None."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _ours(f.filename)]
+    if not frames or frames[-1].filename == __file__:
+        return None
+    frame = frames[-1]
+    path = frame.filename
+    parts = path.split(os.sep)
+    if "site-packages" in parts:
+        path = os.path.join(*parts[parts.index("site-packages") + 1:])
+    return f"{path}:{frame.lineno} in {frame.name}"

@@ -10,6 +10,7 @@ caching allocator's peak. Time is the median of repeated runs after warm-up.
 from __future__ import annotations
 
 import functools
+import operator
 import statistics
 import time
 from collections.abc import Callable
@@ -60,7 +61,9 @@ def _walk(gm, values, on_op: Callable[[torch.fx.Node, Callable[[], object]], obj
     env = dict(values)
     frees = _last_uses(gm)
     for node in gm.graph.nodes:
-        if node.op == "call_function":
+        if node.op == "get_attr":  # a tensor constant (see monet.graph.capture)
+            env[node.name] = operator.attrgetter(node.target)(gm)
+        elif node.op == "call_function":
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
             env[node.name] = on_op(node, functools.partial(node.target, *args, **kwargs))
             if after:

@@ -72,7 +72,7 @@ def _traced(model: nn.Module, spec: InputSpec, plan_file: ScheduleFile) -> Trace
             raise
         raise ScheduleMismatchError(
             f"the schedule was made for {plan_file.model} at input {spec.describe()}, and "
-            f"{type(model).__name__} does not trace at that input ({exc.__cause__}); solve a schedule for this model"
+            f"{type(model).__name__} does not trace at that input ({exc.reason}); solve a schedule for this model"
         ) from exc
 
 
