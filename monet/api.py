@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from monet.schedules import ProblemFile, ScheduleFile, load_problem
 from monet.solver import Problem, Schedule, keep_all, simulate
 from monet.solver import solve as solve_problem
+from monet.solver.solve import Progress
 
 from .budget import parse_budget
 
@@ -19,8 +20,9 @@ if TYPE_CHECKING:  # torch and monet.graph load where a model is traced: solving
 
     from monet.graph import InputSpec
 
-# progress(stage, done, total): total is None while the length of a stage is unknown.
-Progress = Callable[[str, int, int | None], None]
+# Progress: progress(stage, done, total, detail), what monet is doing, for a progress display. `total`
+# is None while the length of a stage is unknown; `detail` says more (while HiGHS runs: the best
+# schedule so far, its gap and the seconds left, with done and total in seconds).
 
 
 def trace_problem(model: nn.Module, spec: InputSpec, *, cost_model: str = "measured",
@@ -34,11 +36,11 @@ def trace_problem(model: nn.Module, spec: InputSpec, *, cost_model: str = "measu
                       "for train mode (dropout on, batch norm on batch statistics), and MONeTWrapper trains in train "
                       "mode (in eval mode it runs the plain model)", stacklevel=3)
     if progress:
-        progress("tracing", 0, None)
+        progress("tracing", 0, None, "")
     with TracedStep(model, spec) as step:
         analysis = analyze(step.graph_module)
-    on_op = (lambda done, total: progress("profiling ops", done, total)) if progress else None
-    return costed_problem(step, analysis, cost_model, implementations=implementations, progress=on_op)
+    stage = (lambda name, done, total: progress(name, done, total, "")) if progress else None
+    return costed_problem(step, analysis, cost_model, implementations=implementations, progress=stage)
 
 
 def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | float, *,
@@ -70,18 +72,16 @@ def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | floa
     spec = InputSpec(tuple(input_shape), input_dtype, input_requires_grad)
     problem = trace_problem(model, spec, cost_model=cost_model, implementations=implementations or bool(options),
                             progress=progress)
-    if progress:
-        progress("solving", 0, None)
     return solve_traced(problem, budget, type(model).__name__, implementations=implementations,
                         allow_approximate=allow_approximate, options=options, formulation=formulation,
-                        time_limit=time_limit, gap=gap, horizon=horizon, solver_log=solver_log)
+                        time_limit=time_limit, gap=gap, horizon=horizon, solver_log=solver_log, progress=progress)
 
 
 def solve_traced(problem: Problem, budget: str | int | float, model_name: str, *, implementations: bool = True,
                  allow_approximate: bool = False, options: dict[str, str] | None = None,
                  formulation: str = "auto", time_limit: float = 60.0, gap: float = 5e-3,
                  horizon: int | None | str = "auto", start: Schedule | ScheduleFile | None = None,
-                 solver_log: bool = False) -> ScheduleFile:
+                 solver_log: bool = False, progress: Progress | None = None) -> ScheduleFile:
     """`solve` on an already traced and costed problem (to solve several variants of one);
     `start`, a schedule of the same problem (or its file), is a starting point the result is no slower than."""
     if isinstance(start, ScheduleFile):
@@ -90,8 +90,7 @@ def solve_traced(problem: Problem, budget: str | int | float, model_name: str, *
     solution = solve_problem(problem, parse_budget(budget, unconstrained.peak), formulation=formulation,
                              implementations=implementations, allow_approximate=allow_approximate,
                              options=options, time_limit=time_limit, gap=gap, horizon=horizon,
-                             start=start,
-                             verbose=solver_log)
+                             start=start, verbose=solver_log, progress=progress)
     return schedule_file(problem, solution.schedule, model_name, budget=int(solution.budget),
                          solver={**solution.summary(), "implementations": implementations,
                                  "approximate_allowed": allow_approximate})
@@ -142,12 +141,14 @@ def solve_problem_file(problem_file: ProblemFile | str | os.PathLike, budget: st
                        implementations: bool = True, allow_approximate: bool = False,
                        options: dict[str, str] | None = None, formulation: str = "auto", time_limit: float = 60.0,
                        gap: float = 5e-3, horizon: int | None | str = "auto",
-                       start: Schedule | ScheduleFile | None = None, solver_log: bool = False) -> ScheduleFile:
+                       start: Schedule | ScheduleFile | None = None, solver_log: bool = False,
+                       progress: Progress | None = None) -> ScheduleFile:
     """`solve` on a profiled problem (a ProblemFile, or the path of one that `profile` or `monet profile`
     wrote): the same options, the same schedule file (its solver record names the problem's digest),
     which MONeTWrapper runs on the model the problem was profiled from. Needs neither the model nor torch."""
     made = problem_file if isinstance(problem_file, ProblemFile) else load_problem(problem_file)
     schedule = solve_traced(made.problem, budget, made.model, implementations=implementations,
                             allow_approximate=allow_approximate, options=options, formulation=formulation,
-                            time_limit=time_limit, gap=gap, horizon=horizon, start=start, solver_log=solver_log)
+                            time_limit=time_limit, gap=gap, horizon=horizon, start=start, solver_log=solver_log,
+                            progress=progress)
     return dataclasses.replace(schedule, solver={**schedule.solver, "problem": made.digest})

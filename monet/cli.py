@@ -7,7 +7,6 @@ argument errors come at once, and a bad argument never costs a trace or a solve.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import tempfile
 import warnings
@@ -17,7 +16,6 @@ from pathlib import Path
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from monet.errors import MonetError
@@ -35,26 +33,15 @@ from monet.solver import FORMULATIONS, format_bytes, keep_all, simulate
 from .budget import parse_budget
 from .catalog import BUNDLED, check_model_name, input_dtype, load_model
 from .pareto import STRATEGIES, Point, check_strategies, parse_budget_range, sweep, title, write_results
+from .progress import interrupted, progress_display, wrote
 
 console = Console()
 err = Console(stderr=True)
 
 
-@contextlib.contextmanager
 def _progress():
-    """A rich progress display, handed to monet.solve as its progress callback."""
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=True) as bar:
-        tasks: dict[str, int] = {}
-
-        def update(stage: str, done: int, total: int | None) -> None:
-            if stage not in tasks:
-                for other in tasks.values():
-                    bar.update(other, visible=False)
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done, total=total)
-
-        yield update
+    """The progress display on stderr, handed to monet.solve as its progress callback (monet.progress)."""
+    return progress_display(err)
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -181,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         except (MonetError, ValueError) as exc:
             err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)  # paths stay whole
             return 2
+        except KeyboardInterrupt:  # Ctrl-C: one line, status 130, nothing written
+            return interrupted(err)
 
 
 def _warn(message, category, *_) -> None:
@@ -234,7 +223,7 @@ def _save(made, path: str) -> Path:
     """Write a schedule or problem file. The checks before the work make a failure rare; if it fails
     all the same, the result is kept in a temporary folder and the error says where."""
     try:
-        return made.save(path)
+        return wrote(made.save(path))
     except OSError as exc:
         kept = made.save(Path(tempfile.mkdtemp(prefix="monet-")) / (Path(path).name or "out.json"))
         raise ScheduleFileError(f"could not write {path}: {exc.strerror or exc}; the result is kept in {kept}") \
@@ -270,14 +259,13 @@ def _solve(args) -> int:
                 return solve_traced(problem, args.budget, name, **options)
         alone = None
         if args.ablation:  # checkpointing alone first: the joint search starts from its schedule
-            progress("solving with checkpointing alone", 0, None)
             try:
-                alone = solve_it(implementations=False, **settings)
+                alone = solve_it(implementations=False, **settings,
+                                 progress=lambda stage, *state: progress(f"(ablation) {stage}", *state))
             except (InfeasibleBudgetError, SolverFailedError) as exc:
                 alone = exc
-        progress("solving", 0, None)
         schedule = solve_it(implementations=not args.checkpointing_only,
-                            start=alone if isinstance(alone, ScheduleFile) else None, **settings)
+                            start=alone if isinstance(alone, ScheduleFile) else None, **settings, progress=progress)
     path = _save(schedule, args.output)
     _print_summary(schedule)
     if args.ablation:
@@ -440,6 +428,8 @@ def _print_summary(schedule: ScheduleFile) -> None:
     saved = schedule.schedule["saved"]
     table.add_row("kept tensors", f"{len(saved)} ({format_bytes(sum(saved.values()))})")
     console.print(table)
+    if solver.get("note"):  # a heuristic result: what it is and what would help
+        console.print(f"[yellow]note:[/yellow] {escape(solver['note'])}", soft_wrap=True)
 
 
 def _demo(args) -> int:

@@ -1,23 +1,29 @@
-"""A small builder for mixed binary programs, solved by HiGHS through cvxpy.
+"""A small builder for mixed binary programs, solved by HiGHS.
 
-Formulations add variables and rows `sum(coef * var) <= rhs` by index; `solve`
-turns them into two cvxpy variables (boolean and continuous) and sparse
-matrices, so building stays linear in the number of nonzeros.
+Formulations add variables and rows `sum(coef * var) <= rhs` by index; `solve` hands them to
+HiGHS (highspy) as one sparse column-wise matrix, so building stays linear in the number of
+nonzeros. HiGHS runs in a thread of its own (highspy's startSolve) while this one watches it:
+Ctrl-C reaches Python at once and cancels the run (highspy's cancelSolve), and `progress` hears
+the best solution and bound found so far.
 """
 
 from __future__ import annotations
 
+import atexit
 import time
-import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
+TICK = 0.1  # seconds between looks at a running HiGHS: progress, and Ctrl-C
+GRACE = 0.5  # seconds a cancelled HiGHS gets to stop before KeyboardInterrupt is raised anyway
+
 
 @dataclass(frozen=True)
 class MilpResult:
-    status: str  # "optimal", "time_limit", "infeasible" or cvxpy's status
+    status: str  # "optimal", "time_limit", "infeasible", or HiGHS's model status in words
     values: np.ndarray | None  # every variable by index, or None without a solution
     objective: float
     bound: float
@@ -66,78 +72,143 @@ class Milp:
         self._rhs.append(rhs)
 
     def solve(self, *, time_limit: float, seed: int = 0, mip_rel_gap: float = 1e-4, abs_gap: float = 0.0,
-              warm: dict[int, float] | None = None, verbose: bool = False, relax: bool = False) -> MilpResult:
+              warm: dict[int, float] | None = None, verbose: bool = False, relax: bool = False,
+              progress: Callable[[float, float], None] | None = None) -> MilpResult:
         """Minimise the cost; stop when proven within `mip_rel_gap` (relative) or `abs_gap` (in
         cost units) of the optimum. `warm` fixes binaries to a known solution first (an LP, quick);
         if that solution is feasible HiGHS starts from it, so the time limit returns at least it.
-        `relax` solves the LP relaxation instead (binaries anywhere in [0, 1])."""
-        import cvxpy as cp  # seconds to import: loaded only when something is solved
+        `relax` solves the LP relaxation instead (binaries anywhere in [0, 1]).
+        `progress(objective, bound)` is called every TICK seconds while HiGHS runs, from this
+        thread, with the cost of the best solution found so far (inf before the first) and the
+        proven lower bound (-inf before the first). Ctrl-C (KeyboardInterrupt) cancels HiGHS and
+        is raised again within GRACE seconds, whether or not HiGHS has stopped yet (see
+        `stopping`)."""
+        import highspy  # loaded only when something is solved
 
         binary = np.array(self._binary, dtype=bool)
-        index = np.zeros(self.size, dtype=int)
-        index[binary] = np.arange(binary.sum())
-        index[~binary] = np.arange((~binary).sum())
-        rows, cols, vals = np.array(self._rows), np.array(self._cols, dtype=int), np.array(self._vals)
         lower, upper = np.array(self._lower), np.array(self._upper)
         cost = np.zeros(self.size)
         for var_index, coef in self._cost.items():
             cost[var_index] = coef
-        n_bin, n_cont = int(binary.sum()), int((~binary).sum())
-        bins = cp.Variable(n_bin, boolean=not relax) if n_bin else None
-        conts = cp.Variable(n_cont, bounds=[lower[~binary], upper[~binary]]) if n_cont else None
-        variables = [(mask, var) for mask, var in ((binary, bins), (~binary, conts)) if var is not None]
-        lhs = 0
-        for mask, var in variables:
-            keep = mask[cols] if len(cols) else np.zeros(0, dtype=bool)
-            matrix = sp.csr_matrix((vals[keep], (rows[keep], index[cols[keep]])), shape=(len(self._rhs), var.size))
-            lhs = lhs + matrix @ var
-        constraints = [lhs <= np.array(self._rhs)] if self._rhs else []
-        lo_bin = cp.Parameter(n_bin) if n_bin else None
-        hi_bin = cp.Parameter(n_bin) if n_bin else None
-        if n_bin:
-            constraints += [bins >= lo_bin, bins <= hi_bin]
-        objective = sum(cost[mask] @ var for mask, var in variables)
-        problem = cp.Problem(cp.Minimize(objective), constraints)
+        matrix = sp.csc_matrix((np.array(self._vals, dtype=float),
+                                (np.array(self._rows, dtype=int), np.array(self._cols, dtype=int))),
+                               shape=(len(self._rhs), self.size))
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = self.size, len(self._rhs)
+        lp.col_cost_ = cost
+        lp.row_lower_ = np.full(len(self._rhs), -highspy.kHighsInf)
+        lp.row_upper_ = np.array(self._rhs, dtype=float)
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = matrix.indptr
+        lp.a_matrix_.index_ = matrix.indices
+        lp.a_matrix_.value_ = matrix.data
+        if binary.any() and not relax:
+            lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
+                               for b in binary]
         start = time.perf_counter()
 
-        def run(lo: np.ndarray, hi: np.ndarray, warm_start: bool) -> str:
-            """One HiGHS run within what is left of the time limit; cvxpy's status, or 'error'."""
-            if n_bin:
-                lo_bin.value, hi_bin.value = lo, hi
-            left = max(1.0, time_limit - (time.perf_counter() - start))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # cvxpy warns on inaccurate solutions; the status says so
-                try:
-                    problem.solve(solver=cp.HIGHS, warm_start=warm_start, time_limit=float(left),
-                                  random_seed=int(seed), mip_rel_gap=mip_rel_gap, mip_abs_gap=abs_gap,
-                                  verbose=verbose)
-                except (cp.error.SolverError, ValueError):  # HiGHS stopped without a usable answer
-                    return "error"
-            return problem.status
+        def run(col_lower: np.ndarray, col_upper: np.ndarray, solution=None):
+            """One HiGHS run within what is left of the time limit, from `solution` if given."""
+            lp.col_lower_, lp.col_upper_ = col_lower, col_upper
+            highs = highspy.Highs()
+            highs.setOptionValue("log_to_console", verbose)
+            for name, value in (("time_limit", max(1.0, time_limit - (time.perf_counter() - start))),
+                                ("random_seed", int(seed)), ("mip_rel_gap", float(mip_rel_gap)),
+                                ("mip_abs_gap", float(abs_gap))):
+                highs.setOptionValue(name, value)
+            highs.passModel(lp)
+            best = _Best()
+            if solution is not None:
+                highs.setSolution(solution)
+                best.objective = float(cost @ np.asarray(solution.col_value))
+            _run(highs, best, progress)
+            return highs, best
 
-        seeded = False
-        if warm and n_bin:
+        seeded = None
+        if warm and binary.any():
             fixed = lower.copy()
-            for var_index, value in warm.items():
-                fixed[var_index] = value
-            seeded = run(fixed[binary], fixed[binary], False).startswith("optimal")
-        status = run(lower[binary], upper[binary], seeded)
+            for var_index, value in warm.items():  # where the model fixes a variable, its fix stands
+                fixed[var_index] = min(max(value, lower[var_index]), upper[var_index])
+            col_lower, col_upper = lower.copy(), upper.copy()
+            col_lower[binary] = col_upper[binary] = fixed[binary]
+            first, _ = run(col_lower, col_upper)
+            if first.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+                seeded = first.getSolution()
+        highs, best = run(lower, upper, seeded)
         seconds = time.perf_counter() - start
-        if status in ("infeasible", "infeasible_inaccurate"):
+        status = highs.getModelStatus()
+        name = _STATUS_NAMES.get(status.name, highs.modelStatusToString(status).lower())
+        info, solution = highs.getInfo(), highs.getSolution()
+        if name == "infeasible":
             return MilpResult("infeasible", None, np.inf, np.inf, np.inf, seconds)
-        if status == "error" or any(var.value is None for _, var in variables):
-            return MilpResult(status, None, np.inf, -np.inf, np.inf, seconds)
-        values = np.zeros(self.size)
-        for mask, var in variables:
-            values[mask] = np.asarray(var.value, dtype=float)
-        info = problem.solver_stats.extra_stats
         objective_value = float(info.objective_function_value)
-        if not np.isfinite(objective_value):  # stopped before any incumbent; the values are not a solution
-            return MilpResult(status, None, np.inf, -np.inf, np.inf, seconds)
+        if (not solution.value_valid or info.primal_solution_status != highspy.kSolutionStatusFeasible
+                or not np.isfinite(objective_value)):  # stopped before any solution
+            bound = min(float(info.mip_dual_bound), best.bound)  # (see below)
+            return MilpResult(name, None, np.inf, bound if np.isfinite(bound) else -np.inf, np.inf, seconds)
+        values = np.asarray(solution.col_value, dtype=float)
         bound = float(info.mip_dual_bound) if np.isfinite(info.mip_dual_bound) else objective_value
         gap = float(info.mip_gap) if np.isfinite(info.mip_gap) else 0.0
-        return MilpResult("optimal" if status.startswith("optimal") else "time_limit", values, objective_value,
-                          bound, gap, seconds)
+        if name != "optimal":  # stopped early (in presolve, say), HiGHS's info can state a bound it never proved
+            bound = min(bound, best.bound)
+            gap = (objective_value - bound) / max(abs(objective_value), 1e-12)
+        return MilpResult("optimal" if name == "optimal" else "time_limit", values, objective_value, bound, gap,
+                          seconds)
+
+
+_STATUS_NAMES = {"kOptimal": "optimal", "kInfeasible": "infeasible", "kTimeLimit": "time_limit"}
+
+
+class _Best:
+    """The best objective and bound HiGHS has reported (written from HiGHS's thread)."""
+
+    def __init__(self):
+        self.objective = np.inf
+        self.bound = -np.inf
+
+    def seen(self, event) -> None:
+        out = event.data_out
+        self.objective = min(self.objective, out.mip_primal_bound)
+        self.bound = max(self.bound, out.mip_dual_bound)
+
+
+_stopping: list = []  # cancelled HiGHS runs that had not stopped when KeyboardInterrupt was raised
+
+
+def stopping() -> bool:
+    """Whether a HiGHS run cancelled by Ctrl-C is still stopping in its own thread. HiGHS looks for
+    the cancellation often in its search, but not within some steps at the root of the search
+    (heuristics, cut rounds: seconds on large models). The interpreter must not be finalised while
+    it runs (its next callback into Python aborts the process); an exit at once, os._exit, is safe."""
+    _stopping[:] = [highs for highs in _stopping if highs.is_solver_running()]
+    return bool(_stopping)
+
+
+@atexit.register
+def _wait_stopped() -> None:
+    """Wait for cancelled HiGHS runs to stop (before the next run, and at exit)."""
+    while _stopping:
+        _stopping.pop().wait()
+
+
+def _run(highs, best: _Best, progress: Callable[[float, float], None] | None) -> None:
+    """`highs.run()` in HiGHS's own thread, so that this one can report progress and take Ctrl-C:
+    on any exception here (KeyboardInterrupt, or one from `progress`) HiGHS is cancelled, given
+    GRACE seconds to stop, and the exception raised."""
+    _wait_stopped()  # highspy lets one run at a time
+    highs.HandleUserInterrupt = True  # cancelSolve() stops the run at HiGHS's next interrupt check
+    for callback in (highs.cbMipImprovingSolution, highs.cbMipInterrupt, highs.cbMipLogging):
+        callback.subscribe(best.seen)
+    highs.startSolve()
+    try:
+        while not highs.wait(TICK)[0]:
+            if progress:
+                progress(best.objective, best.bound)
+    except BaseException:
+        highs.cancelSolve()
+        if not highs.wait(GRACE)[0]:
+            _stopping.append(highs)
+        raise
 
 
 SLACK = 1e-5  # relative budget margin that covers HiGHS's feasibility and integrality tolerances

@@ -14,12 +14,14 @@ from .simulate import Replay
 class LeastPeak:
     """The least budget a formulation meets: `found` works (`schedule` peaks there, when
     there is one to give); none below `bound` can (equal when proven), among schedules whose
-    reruns fall within `horizon` stages of their use (None: any)."""
+    reruns fall within `horizon` stages of their use (None: any). From `sure` up (when known) a
+    heuristic schedule fits, which `solve` starts from: it returns a schedule at any such budget."""
 
     found: int
     bound: int
     schedule: Schedule | None = None
     horizon: int | None = None
+    sure: int | None = None
 
 
 class InfeasibleBudgetError(MonetError, ValueError):
@@ -39,7 +41,11 @@ class InfeasibleBudgetError(MonetError, ValueError):
         if formulation == "compact":
             hint = " or try --formulation general, which recomputes more than once"
             hint += ", or a longer --horizon" if least.horizon is not None else ""
-        super().__init__(f"budget {format_bytes(budget)} {detail}; raise the budget to at least that{hint}")
+        sure = ""
+        if least.sure is not None and least.sure > least.found:
+            sure = (f" (from {format_bytes(least.sure)} up a heuristic schedule fits, which the search starts "
+                    "from, so a schedule is sure there)")
+        super().__init__(f"budget {format_bytes(budget)} {detail}; raise the budget to at least that{sure}{hint}")
 
 
 class SolverFailedError(MonetError, RuntimeError):
@@ -62,6 +68,7 @@ class Solution:
     gap: float  # (objective - bound) / objective
     solve_time: float
     horizon: int | None = None  # how early ops may rerun, in stages (None: unbounded)
+    note: str = ""  # for people: what a "heuristic" result is, and what would help
 
     @property
     def peak(self) -> int:
@@ -76,6 +83,7 @@ class Solution:
             "bound_s": self.bound,
             "gap": self.gap,
             "solve_time_s": self.solve_time,
+            **({"note": self.note} if self.note else {}),
         }
 
 

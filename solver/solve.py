@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -11,7 +13,7 @@ from .formulation import Formulation
 from .general import General
 from .heuristics import Start, lean_options, warm_starts
 from .problem import Problem
-from .result import InfeasibleBudgetError, LeastPeak, Solution, SolverFailedError
+from .result import InfeasibleBudgetError, LeastPeak, Solution, SolverFailedError, format_bytes
 from .schedule import Schedule, keep_all
 from .simulate import simulate
 from .stages import Stages
@@ -20,6 +22,15 @@ FORMULATIONS = ("auto", "compact", "general")
 GENERAL_UP_TO = 40  # forward ops; "auto" poses smaller problems without choices to make in the general formulation
 HORIZONS = (None, 120, 80, 60, 40, 30, 20, 15, 10)
 RERUN_SLOTS = 2100  # "auto" horizon: the longest one whose (op, stage) rerun pairs stay within this
+
+# progress(stage, done, total, detail): what the solver is doing, for a progress display. `total` is
+# None while the length of a stage is unknown; while HiGHS runs, `done` and `total` are seconds
+# (elapsed and the time limit) and `detail` says the best schedule so far, its gap and the time left.
+Progress = Callable[[str, float, float | None, str], None]
+
+
+def _quiet(stage: str, done: float, total: float | None, detail: str) -> None:
+    """The progress callback when none is given."""
 
 
 def auto_horizon(problem: Problem) -> int | None:
@@ -56,20 +67,29 @@ def _pose(problem: Problem, formulation: str, implementations: bool, allow_appro
     return formulation, (problem.restrict(fixed) if formulation == "compact" else problem.resolve(fixed)), fixed
 
 
-def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]], horizon: int | None | str
-           ) -> tuple[int | None, Start | None]:
+def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]], horizon: int | None | str,
+           report: Callable[[float, float | None, str], None] = lambda *_: None) -> tuple[int | None, Start | None]:
     """The horizon to pose the model with, and the heuristic schedule to start from (see warm_starts).
-    An "auto" horizon that admits no heuristic schedule within the budget is lengthened until one does."""
+    An "auto" horizon that admits no heuristic schedule within the budget is lengthened until one does.
+    `report(done, total, detail)` hears of each horizon tried."""
     if horizon != "auto":
+        report(0, None, "")
         return horizon, warm_starts(posed, budget, option_sets, horizon)
     chosen = auto_horizon(posed)
+    longer = list(reversed(HORIZONS[:HORIZONS.index(chosen)]))
+    report(0, 1 + len(longer), _horizon_text(chosen))
     found = warm_starts(posed, budget, option_sets, chosen)
-    for longer in reversed(HORIZONS[:HORIZONS.index(chosen)]):
+    for tried, horizon in enumerate(longer, 1):
         if found:
             break
-        found = warm_starts(posed, budget, option_sets, longer)
-        chosen = longer if found else chosen
+        report(tried, 1 + len(longer), f"none fits with {_horizon_text(chosen)}; trying {_horizon_text(horizon)}")
+        found = warm_starts(posed, budget, option_sets, horizon)
+        chosen = horizon if found else chosen
     return chosen, found
+
+
+def _horizon_text(horizon: int | None) -> str:
+    return "reruns at any distance" if horizon is None else f"reruns at most {horizon} stages ahead"
 
 
 def _model(formulation: str, posed: Problem, budget: int | None, allow_approximate: bool, fixed: dict[str, str],
@@ -82,7 +102,7 @@ def _model(formulation: str, posed: Problem, budget: int | None, allow_approxima
 def solve(problem: Problem, budget: int, *, formulation: str = "auto", implementations: bool = True,
           allow_approximate: bool = False, options: dict[str, str] | None = None, time_limit: float = 60.0,
           gap: float = 5e-3, horizon: int | None | str = "auto", start: Schedule | None = None, seed: int = 0,
-          verbose: bool = False) -> Solution:
+          verbose: bool = False, progress: Progress | None = None) -> Solution:
     """The fastest schedule whose replayed peak stays within `budget` bytes.
 
     `implementations` lets the solver choose how ops run (the problem's choices) jointly with
@@ -100,12 +120,16 @@ def solve(problem: Problem, budget: int, *, formulation: str = "auto", implement
     predicted step time is proven within `gap` (relative) of the best possible in the formulation,
     or at `time_limit` seconds with the best schedule found and its proven gap. Same input, same
     seed: same schedule, unless the time limit cuts the search.
-    Raises InfeasibleBudgetError (stating the least peak) when no schedule of the
-    formulation fits, and SolverFailedError when time runs out before any schedule is found.
-    `verbose` shows HiGHS's log.
+    When the search finds no schedule in time but a heuristic one fits, that one is returned
+    (status "heuristic", with a `note` on what would help). Raises InfeasibleBudgetError (stating
+    the least peak) when no schedule of the formulation fits, and SolverFailedError when time runs
+    out before any schedule is found (stating the least peak found, a budget from which a schedule
+    is sure, and that more time may help; finding these takes up to another `time_limit`).
+    `verbose` shows HiGHS's log; `progress` (see Progress) hears what the solver is doing.
+    Ctrl-C (KeyboardInterrupt) stops the solver within a second.
     """
     return _solve(problem, budget, formulation, implementations, allow_approximate, options, time_limit, gap,
-                  horizon, start, seed, verbose, explain=True)
+                  horizon, start, seed, verbose, explain=True, progress=progress or _quiet)
 
 
 class _NoSchedule(Exception):
@@ -114,9 +138,10 @@ class _NoSchedule(Exception):
 
 def _solve(problem: Problem, budget: int, formulation: str, implementations: bool, allow_approximate: bool,
            options: dict[str, str] | None, time_limit: float, gap: float, horizon: int | None | str,
-           start: Schedule | None, seed: int, verbose: bool, *, explain: bool) -> Solution:
+           start: Schedule | None, seed: int, verbose: bool, *, explain: bool, progress: Progress,
+           label: str = "") -> Solution:
     """`solve`; an infeasible budget raises InfeasibleBudgetError stating the least peak when
-    `explain`, else _NoSchedule at once."""
+    `explain`, else _NoSchedule at once. Stages are reported to `progress` named after `label`."""
     began = time.perf_counter()
     options = options or {}
     baseline = keep_all(problem, options)
@@ -132,10 +157,13 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
         # choosing implementations never ends slower than not choosing them.
         try:
             given.append(_solve(problem, budget, kind, False, allow_approximate, options, time_limit / 3, gap,
-                                horizon, start, seed, verbose, explain=False).schedule)
+                                horizon, start, seed, verbose, explain=False, progress=progress,
+                                label=label + "checkpointing alone: ").schedule)
         except (_NoSchedule, SolverFailedError):
             pass
-    horizon, found = _start(posed, budget, _option_sets(posed, implementations, allow_approximate, options), horizon)
+    horizon, found = _start(posed, budget, _option_sets(posed, implementations, allow_approximate, options), horizon,
+                            lambda *state: progress(label + "finding a starting schedule", *state))
+    progress(label + "building the ILP", 0, None, "")
     model = _model(kind, posed, budget, allow_approximate, fixed, horizon)
     for candidate in given if kind == "compact" else ():
         replay = simulate(problem, candidate)
@@ -146,24 +174,39 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
             found = Start(dropped, dict(candidate.options), candidate, replay)
     warm = model.warm_start(found.dropped, found.options) if found else None
     reference = baseline_replay.time  # no schedule is much faster than keeping everything, so the gap holds
+    def step_time(objective: float, bound: float) -> str:
+        """The best schedule so far as its predicted step time against keeping everything, and its gap."""
+        best, least = model.fixed_time + objective / 1e3, model.fixed_time + max(0.0, bound) / 1e3
+        text = f"best so far {best / reference - 1:+.1%} step time"
+        return text + (f", gap {(best - least) / best:.1%}" if np.isfinite(bound) and best > 0 else ", no bound yet")
+
     result = model.milp.solve(time_limit=max(1.0, time_limit - (time.perf_counter() - began)), seed=seed,
-                              warm=warm, verbose=verbose, abs_gap=gap * reference * 1e3)
+                              warm=warm, verbose=verbose, abs_gap=gap * reference * 1e3,
+                              progress=_watch(progress, label + "solving", began, time_limit, step_time))
     if result.values is None and found:
-        # The heuristic schedule fits (the simulator says so) where the formulation's rows, which
-        # can overcount, found nothing: it stands, with the formulation's bound where it has one.
+        # The heuristic schedule fits (the simulator says so) where the formulation found nothing, in
+        # time or (its rows can overcount) at all: it stands, with the formulation's bound where it has one.
         bound = model.fixed_time + (max(0.0, result.bound) / 1e3 if np.isfinite(result.bound) else 0.0)
-        return _solution(Schedule.from_dict(problem, found.schedule.to_dict(posed)), problem, budget, model,
-                         "heuristic", found.replay.time, bound, began)
-    if result.status == "infeasible":
-        if not explain:
-            raise _NoSchedule
-        least = least_peak(problem, formulation=formulation, implementations=implementations,
-                           allow_approximate=allow_approximate, options=options, time_limit=time_limit,
-                           horizon=horizon, seed=seed)
-        raise InfeasibleBudgetError(budget, least, model.name)
+        solution = _solution(Schedule.from_dict(problem, found.schedule.to_dict(posed)), problem, budget, model,
+                             "heuristic", found.replay.time, bound, began)
+        return dataclasses.replace(solution, note=_heuristic_note(result.status, time_limit, result.seconds,
+                                                                  solution.gap, model.name))
+    if result.values is None and not explain:
+        raise _NoSchedule if result.status == "infeasible" else SolverFailedError(
+            f"HiGHS stopped ({result.status}) before finding any schedule within {time_limit:g} s")
     if result.values is None:
-        raise SolverFailedError(f"HiGHS stopped ({result.status}) before finding any schedule within "
-                                f"{time_limit:g} s; raise the time limit or the budget")
+        try:
+            least = least_peak(problem, formulation=formulation, implementations=implementations,
+                               allow_approximate=allow_approximate, options=options, time_limit=time_limit,
+                               horizon=horizon, seed=seed, progress=progress)
+        except SolverFailedError:
+            if result.status == "infeasible":
+                raise
+            least = None
+        if result.status == "infeasible" or (least is not None and least.bound > budget):
+            raise InfeasibleBudgetError(budget, least, model.name)
+        unconstrained = simulate(problem, keep_all(problem)).peak
+        raise SolverFailedError(_no_schedule_message(budget, unconstrained, time_limit, least))
     schedule = Schedule.from_dict(problem, model.schedule(result.values).to_dict(posed))
     objective = model.fixed_time + result.objective / 1e3
     # Keeping everything, or the starting schedule, stands where the replay finds it no slower: the
@@ -178,6 +221,56 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
             schedule, objective, fastest = other, replay.time, replay.time
     return _solution(schedule, problem, budget, model, result.status, objective,
                      model.fixed_time + max(0.0, result.bound) / 1e3, began)
+
+
+def _watch(progress: Progress, stage: str, began: float, time_limit: float,
+           describe: Callable[[float, float], str]) -> Callable[[float, float], None]:
+    """The Milp progress callback that reports `stage`: seconds since `began` out of `time_limit`,
+    `describe(objective, bound)` of the best solution so far, and the seconds left."""
+
+    def tick(objective: float, bound: float) -> None:
+        elapsed = time.perf_counter() - began
+        found = describe(objective, bound) if np.isfinite(objective) else "no schedule yet"
+        progress(stage, elapsed, time_limit, f"{found}; {max(0.0, time_limit - elapsed):.0f} s left")
+
+    return tick
+
+
+def _heuristic_note(status: str, time_limit: float, highs_seconds: float, gap: float, formulation: str) -> str:
+    """What a heuristic result is and what would help, for people."""
+    if status == "infeasible":
+        why = (f"the {formulation} formulation admits no schedule at this budget (its memory rows count "
+               "conservatively; the simulator finds the heuristic's schedule within it)")
+        helps = "a higher budget"
+        if formulation == "compact":
+            helps += ", --formulation general or a longer --horizon"
+    else:
+        why = (f"the search found no schedule within the time limit of {time_limit:g} s (HiGHS had {highs_seconds:.0f} "
+               "s of it; finding a starting schedule and building the ILP took the rest)")
+        helps = f"a longer --time-limit than {time_limit:g} s, or a higher budget"
+    return (f"this is the heuristic's starting schedule: {why}; its step time is {gap:.0%} above the bound on the "
+            f"best. What would help: {helps}")
+
+
+def _no_schedule_message(budget: int, unconstrained: int, time_limit: float, least: LeastPeak | None) -> str:
+    """Why no schedule came back within `budget`, and what would work."""
+
+    def size(n: int) -> str:
+        return f"{n} bytes ({format_bytes(n)}, {n / unconstrained:.0%} of the unconstrained peak)"
+
+    text = f"the search found no schedule within {time_limit:g} s at the budget of {size(budget)}"
+    if least is None:
+        return text + f", nor at any budget in another {time_limit:g} s; a longer --time-limit may find one"
+    helps = []
+    if least.sure is not None:
+        helps.append(f"a budget of at least {size(least.sure)}: from there up a heuristic schedule fits, which the "
+                     "search starts from, so it always returns a schedule")
+    if least.found <= budget:
+        helps.append(f"a longer --time-limit: the least peak found is {size(least.found)}, so schedules within "
+                     "this budget exist")
+    else:
+        helps.append(f"a longer --time-limit with a budget of at least the least peak found, {size(least.found)}")
+    return f"{text}. What would work: {'; or '.join(helps)}"
 
 
 def _solution(schedule: Schedule, problem: Problem, budget: int, model: Formulation, status: str, objective: float,
@@ -204,14 +297,23 @@ def _option_sets(posed: Problem, implementations: bool, allow_approximate: bool,
 
 def least_peak(problem: Problem, *, formulation: str = "auto", implementations: bool = True,
                allow_approximate: bool = False, options: dict[str, str] | None = None, time_limit: float = 60.0,
-               horizon: int | None | str = "auto", seed: int = 0) -> LeastPeak:
+               horizon: int | None | str = "auto", seed: int = 0, progress: Progress | None = None) -> LeastPeak:
     """The least budget (bytes) that the formulation can meet, as its memory rows count it."""
+    began, progress = time.perf_counter(), progress or _quiet
+    unconstrained = simulate(problem, keep_all(problem)).peak
     kind, posed, fixed = _pose(problem, formulation, implementations, allow_approximate, options)
     horizon, start = _start(posed, None, _option_sets(posed, implementations, allow_approximate, options or {}),
-                            horizon)
+                            horizon, lambda *state: progress("least peak: finding a starting schedule", *state))
+    progress("least peak: building the ILP", 0, None, "")
     model = _model(kind, posed, None, allow_approximate, fixed, horizon)
+
+    def peak(objective: float, bound: float) -> str:
+        least = model.memory.least_budget(objective)
+        return f"least so far {format_bytes(least)} ({least / unconstrained:.0%} of the unconstrained peak)"
+
     result = model.milp.solve(time_limit=time_limit, seed=seed,
-                              warm=model.warm_start(start.dropped, start.options) if start else None)
+                              warm=model.warm_start(start.dropped, start.options) if start else None,
+                              progress=_watch(progress, "least peak: solving", began, time_limit, peak))
     # (peak, schedule): the heuristic schedule's peak stands if HiGHS does no better
     found = [(start.replay.peak, Schedule.from_dict(problem, start.schedule.to_dict(posed)))] if start else []
     if result.values is not None:
@@ -222,4 +324,4 @@ def least_peak(problem: Problem, *, formulation: str = "auto", implementations: 
     least, schedule = min(found, key=lambda pair: pair[0])
     bound = model.memory.least_budget(result.bound) if np.isfinite(result.bound) else 0
     return LeastPeak(least, least if result.status == "optimal" else min(least, bound), schedule,
-                     horizon if kind == "compact" else None)
+                     horizon if kind == "compact" else None, start.replay.peak if start else None)
