@@ -14,8 +14,9 @@ setup(
         "monet.schedules": "schedules",
     },
     package_data={"monet.schedules": ["*.json", "zoo.md"]},
+    # Lowest versions run (README "Set up and test"); no upper bounds: this machine's pins are in constraints.txt.
     install_requires=[
-        "torch>=2.13,<2.14",
+        "torch>=2.11",
         "cvxpy>=1.9",
         "highspy>=1.15",
         "numpy",
