@@ -246,7 +246,7 @@ def _heuristic_note(status: str, time_limit: float, highs_seconds: float, gap: f
             helps += ", --formulation general or a longer --horizon"
     else:
         why = (f"the search found no schedule within the time limit of {time_limit:g} s (HiGHS had {highs_seconds:.0f} "
-               "s of it; finding a starting schedule and building the ILP took the rest)")
+               "s of it; the stages before it took the rest)")
         helps = f"a longer --time-limit than {time_limit:g} s, or a higher budget"
     return (f"this is the heuristic's starting schedule: {why}; its step time is {gap:.0%} above the bound on the "
             f"best. What would help: {helps}")
