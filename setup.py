@@ -17,9 +17,9 @@ setup(
     # Lowest versions run (README "Set up and test"); no upper bounds: this machine's pins are in constraints.txt.
     install_requires=[
         "torch>=2.11",
-        "cvxpy>=1.9",
         "highspy>=1.15",
         "numpy",
+        "scipy",
         "rich",
         "matplotlib",
         "jsonschema",

@@ -32,10 +32,10 @@ def message(result) -> str:
     return "\n".join(line for line in result.stderr.splitlines() if not line.startswith("import time:"))
 
 
-def test_help_imports_neither_torch_nor_cvxpy():
+def test_help_imports_neither_torch_nor_highspy():
     result = command("--help")
     assert result.returncode == 0 and "solve" in result.stdout
-    assert not {"torch", "cvxpy", "monet.graph"} & imported(result)
+    assert not {"torch", "highspy", "monet.graph"} & imported(result)
 
 
 @pytest.mark.parametrize("budget", ["abc", "nan%", "-5%", "0"])
