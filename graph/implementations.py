@@ -5,7 +5,8 @@ backward, a dropout and its backward, a GELU and its backward, one convolution.
 For each site the family names a choice and its options (the first is PyTorch's
 own), measures what the other options add or change on real tensors, describes
 that to the solver (a ChoiceSpec), and rewrites the joint graph when a schedule
-picks another option. Options that fail to run on this machine are left out.
+picks another option. Options that fail to run on this machine are left out, and so are
+exact options whose kernels do not give PyTorch's result bit for bit on the profiling run.
 """
 
 from __future__ import annotations
@@ -67,6 +68,23 @@ def _relative_error(got, reference) -> float:
     return max(((a - b).norm() / b.norm().clamp_min(1e-30)).item() for a, b in pairs if a is not None)
 
 
+class NotExact(RuntimeError):
+    """An exact option's kernels did not give PyTorch's result bit for bit on the profiling run;
+    the option is left out."""
+
+
+def _check_exact(got, reference, what: str) -> None:
+    """Raise NotExact unless `got` is `reference` bit for bit (NaN where it has NaN): an exact
+    option must give the same numbers as PyTorch in every dtype, not numbers close to them."""
+    pairs = zip(got, reference) if isinstance(got, (tuple, list)) else [(got, reference)]
+    for a, b in pairs:
+        if a is None and b is None:
+            continue
+        if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype or not (
+                torch.equal(a, b) or bool(((a == b) | (a.isnan() & b.isnan())).all())):
+            raise NotExact(f"{what} does not reproduce PyTorch's result bit for bit")
+
+
 def _pair(value) -> tuple[int, int]:
     value = tuple(value)
     return value * 2 if len(value) == 1 else value
@@ -112,6 +130,8 @@ class _BackwardFromCompact:
         error = None
         if self.options[1] in self.approximate:
             error = _relative_error(grad, value)
+        else:
+            _check_exact(grad, value, f"{self.name} option {self.options[1]!r}")
         return {self.options[1]: _Measured((t_new, ws_new), (t_alt, ws_alt), out, error)}
 
     def shapes(self, site: Site, node: fx.Node, fake_mode) -> dict[str, _Measured]:
@@ -372,8 +392,9 @@ class BatchNormFromOutput:
 class BatchNormRerun:
     """How a training batch norm reruns in the backward: as in the forward (PyTorch: batch
     statistics computed again) or from the statistics the forward saved (the normalisation
-    alone). The second keeps those statistics saved (a few bytes per channel) and is exact to
-    rounding; the reduction it skips is most of a batch norm's time on CPU."""
+    alone). The second keeps those statistics saved (a few bytes per channel) and gives the
+    forward's output bit for bit in every dtype (see kernels.batch_norm_from_stats); the reduction
+    it skips is most of a batch norm's time on CPU."""
 
     name, options, approximate = "batch_norm_rerun", ("full", "stats"), ()
     _forward = aten._native_batch_norm_legit_functional.default
@@ -394,7 +415,13 @@ class BatchNormRerun:
 
     def measure(self, site, node, node_args, value, device):
         _, mean, invstd, _, _ = value
-        time, workspace, _ = measure_call(lambda: kernels.batch_norm_from_stats(*node_args, mean, invstd), device)
+
+        def rerun():
+            return kernels.batch_norm_from_stats(*node_args, mean, invstd)
+
+        # first outside the measurement: the kernel is asked its roundings once, on small probes
+        _check_exact(rerun()[0], value[0], "batch norm rerun from saved statistics")
+        time, workspace, _ = measure_call(rerun, device)
         return {self.options[1]: _Measured(alt=(time, workspace))}
 
     def shapes(self, site, node, fake_mode):
@@ -490,7 +517,8 @@ def structure(analysis: GraphAnalysis, gm: fx.GraphModule) -> Problem:
 def choice_specs(analysis: GraphAnalysis, gm: fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,
                  problem: Problem, *, times_measured: bool = True) -> list[ChoiceSpec]:
     """Every site's choice, its options measured on real tensors (with analytic times for the new
-    kernels unless `times_measured`). Options whose kernels fail here are left out."""
+    kernels unless `times_measured`). Options whose kernels fail here, or (exact options) do not
+    give PyTorch's result bit for bit, are left out."""
     by_family = {f.name: f for f in families(x.device, times_measured=times_measured)}
     sites = {site.nodes[-1]: site for f in by_family.values() for site in f.find(gm, analysis)}
     measured: dict[str, dict[str, _Measured]] = {}

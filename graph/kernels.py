@@ -106,15 +106,27 @@ def pool_offsets(indices: torch.Tensor, input_hw: tuple[int, int], kernel: tuple
 def pool_backward_from_offsets(grad: torch.Tensor, offsets: torch.Tensor, input_hw: tuple[int, int],
                                kernel: tuple[int, int], stride: tuple[int, int],
                                padding: tuple[int, int]) -> torch.Tensor:
-    """max_pool2d_with_indices_backward from window offsets: scatter each gradient to its argmax."""
+    """max_pool2d_with_indices_backward from window offsets: the same numbers in every dtype.
+
+    The argmax indices are rebuilt from the offsets. Windows that do not overlap (stride at least
+    the kernel) send each input element at most one gradient, so a scatter is exact. Overlapping
+    windows (3x3, stride 2) add several gradients into one element, and the sum's order and
+    precision matter in bfloat16 and float16: PyTorch's CPU kernel adds them one by one in the
+    input's dtype, while scatter_add sums them in float32 and rounds once (up to a bfloat16 ulp
+    apart). So there PyTorch's own backward kernel runs on the rebuilt indices (its input argument
+    is only a shape: an expanded scalar, nothing allocated on CPU; CUDA's kernel copies it)."""
     n, c, oh, ow = grad.shape
     height, width = input_hw
     offsets = offsets.to(torch.int64)
     rows = torch.arange(oh, device=grad.device).view(-1, 1) * stride[0] - padding[0] + offsets // kernel[1]
     cols = torch.arange(ow, device=grad.device).view(1, -1) * stride[1] - padding[1] + offsets % kernel[1]
-    index = (rows * width + cols).view(n, c, -1)
+    index = rows * width + cols
+    if stride[0] < kernel[0] or stride[1] < kernel[1]:
+        like = grad.new_empty(()).expand(n, c, height, width)
+        return torch.ops.aten.max_pool2d_with_indices_backward.default(
+            grad, like, list(kernel), list(stride), list(padding), [1, 1], False, index)
     out = torch.zeros(n, c, height * width, dtype=grad.dtype, device=grad.device)
-    return out.scatter_add_(2, index, grad.reshape(n, c, -1)).view(n, c, height, width)
+    return out.scatter_add_(2, index.view(n, c, -1), grad.reshape(n, c, -1)).view(n, c, height, width)
 
 
 BN_WEIGHT_FLOOR = 1e-6  # |weight| below this is taken as this when reconstructing from the output
@@ -141,12 +153,95 @@ def batch_norm_from_stats(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
                           save_mean: torch.Tensor, save_invstd: torch.Tensor) -> tuple:
     """_native_batch_norm_legit_functional rerun from the batch statistics its forward run saved:
     the normalisation alone (no reduction over the batch, running statistics passed through, not
-    updated again). Its output equals the first run's to rounding (the variance is rebuilt from
-    invstd as invstd^-2 - eps, and the kernel adds eps back)."""
-    variance = save_invstd.pow(-2) - eps
-    out = torch.ops.aten._native_batch_norm_legit_no_training.default(x, weight, bias, save_mean, variance,
-                                                                         momentum, eps)[0]
+    updated again), with the same output as the first run, bit for bit, in every dtype.
+
+    PyTorch's training kernel computes x * alpha + beta, with alpha = invstd * weight and beta =
+    bias - mean * alpha, from the saved invstd itself. Its eval-mode kernel, which takes a variance,
+    computes 1 / sqrt(variance + eps) instead; invstd^-2 - eps as that variance (what this rerun
+    did before) gives an invstd one float32 ulp off in 10-30 % of the channels, and in
+    bfloat16 or float16 the variance itself is rounded to 8 or 11 bits: outputs then differ by up
+    to an ulp of the dtype, and gradients that cancel (a batch norm weight's) moved by 4 % in
+    float32 and by more than 100 % in bfloat16 on a small DenseNet. Not every invstd is even
+    reachable that way (sqrt and the division round separately). So:
+
+    - CUDA: the training kernel's own elementwise step (batch_norm_elemt on the saved statistics).
+    - Elsewhere the eval kernel with eps 0 and variance 1, so that its invstd is 1 exactly, and
+      alpha (computed here as the kernel does: one float32 product) as the weight: its alpha is
+      then the training run's, and so is beta = bias - mean * alpha, computed by the same code
+      when the parameters are in the kernel's compute dtype (float32, float64; a float32 model
+      under autocast). Parameters in bfloat16 or float16 must go in as float32 (alpha has 16 or 22
+      bits), which takes the kernel's mixed-dtype code, and that code may round beta differently:
+      once (a fused multiply-add) where the all-float16 code rounds twice, as seen here
+      (`_beta_rounds_once` asks the kernel). Where the two codes agree the parameters go in as
+      they are; where the all-dtype code rounds twice and the mixed one once, beta goes in as
+      the bias, with a zero mean, computed here with two roundings.
+    - Otherwise (an input that is not contiguous takes another code path; roundings the other way
+      round, or that no probe told apart) the normalisation reruns with the statistics computed
+      again, as PyTorch's own option does: exact, and as slow as that."""
+    if x.device.type == "cuda":
+        out = torch.ops.aten.batch_norm_elemt.default(x, weight, bias, save_mean, save_invstd, eps)
+        return out, save_mean, save_invstd, running_mean, running_var
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    params = {weight.dtype, bias.dtype, save_mean.dtype, save_invstd.dtype}
+    fast = x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)) \
+        or (x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d))
+    alpha = save_invstd.to(compute) * weight.to(compute)
+    one = torch.ones_like(alpha)
+    if fast and params == {compute}:
+        out = _normalise(x, alpha, bias, save_mean, one)
+        return out, save_mean, save_invstd, running_mean, running_var
+    if fast and params == {x.dtype}:
+        own, mixed = _beta_rounds_once(x.dtype, x.dtype, x.device), _beta_rounds_once(x.dtype, compute, x.device)
+        if own is not None and own == mixed:
+            out = _normalise(x, alpha, bias.to(compute), save_mean.to(compute), one)
+            return out, save_mean, save_invstd, running_mean, running_var
+        if own is False:
+            beta = bias.to(compute) - save_mean.to(compute) * alpha
+            out = _normalise(x, alpha, beta, torch.zeros_like(beta), one)
+            return out, save_mean, save_invstd, running_mean, running_var
+    out = torch.ops.aten._native_batch_norm_legit_functional.default(x, weight, bias, running_mean, running_var,
+                                                                      True, momentum, eps)[0]
     return out, save_mean, save_invstd, running_mean, running_var
+
+
+def _normalise(x, weight, bias, mean, variance):
+    """The eval-mode kernel with eps 0: x * alpha + beta, alpha = 1 / sqrt(variance) * weight."""
+    return torch.ops.aten._native_batch_norm_legit_no_training.default(x, weight, bias, mean, variance, 0.0, 0.0)[0]
+
+
+_ROUNDS_ONCE: dict[tuple[torch.dtype, torch.dtype, str], bool | None] = {}
+
+
+def _beta_rounds_once(dtype: torch.dtype, params: torch.dtype, device: torch.device) -> bool | None:
+    """Whether the batch-norm kernel, with an input in `dtype` (bfloat16, float16) and parameters in
+    `params` (that dtype, or float32), computes beta = bias - mean * alpha in float32 with one
+    rounding (a fused multiply-add) or two; None if neither, or if no probe told them apart. Asked
+    once: a zero input normalises to beta rounded to `dtype`, on channels made so that the two
+    roundings land on different values of `dtype` (a bias that nearly cancels mean * alpha, so
+    that the product's float32 rounding shows)."""
+    key = (dtype, params, device.type)
+    if key not in _ROUNDS_ONCE:
+        gen = torch.Generator().manual_seed(0)
+        n = 1 << 14
+        mean = torch.randn(n, generator=gen).to(dtype).to(device)
+        weight = (torch.rand(n, generator=gen) + 0.5).to(dtype).to(device)
+        variance = (torch.rand(n, generator=gen) + 0.5).to(dtype).to(device)
+        zero = torch.zeros(n, device=device)
+        alpha = _normalise(torch.ones(1, n, 1, device=device), weight.float(), zero, zero,
+                           variance.float()).view(n)  # the kernel's alpha: 1 * alpha + (0 - 0 * alpha)
+        bias = (mean.double() * alpha.double()).to(dtype)
+        once = (bias.double() - mean.double() * alpha.double()).float()  # exact in float64, then one rounding
+        twice = bias.float() - mean.float() * alpha
+        apart = (once.to(dtype) != twice.to(dtype)).nonzero().view(-1)
+        found = None
+        if apart.numel():
+            k = apart.numel()
+            got = _normalise(torch.zeros(1, k, 1, dtype=dtype, device=device), weight[apart].to(params),
+                             bias[apart].to(params), mean[apart].to(params), variance[apart].to(params)).view(k)
+            found = True if torch.equal(got, once[apart].to(dtype)) else (
+                False if torch.equal(got, twice[apart].to(dtype)) else None)
+        _ROUNDS_ONCE[key] = found
+    return _ROUNDS_ONCE[key]
 
 
 # A smooth activation's derivative, approximated by four levels chosen by where x falls (a 2-bit
