@@ -50,6 +50,11 @@ class MONeTWrapper(nn.Module):
     def forward(self, x: torch.Tensor):
         if not (self.training and torch.is_grad_enabled()):
             return self.model(x)
+        device = self.schedule_file.device
+        if torch.is_autocast_enabled(device):
+            raise ScheduleMismatchError(
+                f"the wrapper was called under torch.autocast({device!r}), but schedules are solved and run without "
+                "it; autocast inside the model's own forward is traced and works, or call the wrapper outside it")
         if tuple(x.shape) != self.spec.shape:
             raise ValueError(f"input shape {tuple(x.shape)} is not the shape {self.spec.shape} this schedule "
                              "was solved for; solve a schedule for this shape")

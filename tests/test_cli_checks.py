@@ -126,3 +126,16 @@ def test_a_model_in_another_dtype_is_named_as_such(tmp_path):
     with pytest.raises(ScheduleMismatchError, match="float32 parameters, but this model's are float64"):
         MONeTWrapper(model.double(), schedule, (4, 8))
     MONeTWrapper(model.to(torch.float32), schedule, (4, 8))  # as solved: accepted
+
+
+def test_calling_the_wrapper_under_autocast_is_refused_not_wrong():
+    import torch
+
+    from factories import tiny_mlp
+    from monet import MONeTWrapper, ScheduleMismatchError, solve
+
+    model = tiny_mlp()
+    wrapped = MONeTWrapper(model, solve(model, (4, 8), "100%", cost_model="analytic", time_limit=10), (4, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ScheduleMismatchError, match="autocast"):
+        wrapped(torch.randn(4, 8))
+    wrapped(torch.randn(4, 8)).sum().backward()  # outside autocast it trains
