@@ -24,6 +24,16 @@ VERSION = 1
 COST_MODELS = ("measured", "analytic")  # how op times were obtained: measured here, or from FLOPs and bytes
 BUNDLED_DIR = Path(__file__).parent
 
+DEVICES = ("cpu", "cuda")
+INPUT_SCHEMA = {  # the input a schedule or problem was made for (InputSpec's fields)
+    "type": "object", "required": ["shape", "dtype", "requires_grad"],
+    "properties": {
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1},
+        "dtype": {"type": "string"},
+        "requires_grad": {"type": "boolean"},
+    },
+}
+
 _SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
@@ -33,15 +43,8 @@ _SCHEMA = {
         "format": {"const": FORMAT},
         "version": {"const": VERSION},
         "model": {"type": "string"},
-        "input": {
-            "type": "object", "required": ["shape", "dtype", "requires_grad"],
-            "properties": {
-                "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1},
-                "dtype": {"type": "string"},
-                "requires_grad": {"type": "boolean"},
-            },
-        },
-        "device": {"enum": ["cpu", "cuda"]},
+        "input": INPUT_SCHEMA,
+        "device": {"enum": list(DEVICES)},
         "budget": {"type": "integer", "minimum": 0},
         "predicted": {
             "type": "object", "required": ["peak", "time", "unconstrained_peak", "unconstrained_time"],

@@ -31,7 +31,7 @@ import jsonschema
 from monet.solver import Problem
 from monet.solver.problem import PHASES, PROBLEM_VERSION, ROLES, ProblemError
 
-from .format import COST_MODELS, ScheduleFileError, write_atomic
+from .format import COST_MODELS, DEVICES, INPUT_SCHEMA, ScheduleFileError, write_atomic
 from .format import FORMAT as SCHEDULE_FORMAT
 
 PROBLEM_FORMAT = "monet.problem"
@@ -59,15 +59,8 @@ _SCHEMA = {
             "type": "object", "required": ["model", "input", "device", "cost_model", "torch", "fingerprint"],
             "properties": {
                 "model": {"type": "string"},
-                "input": {
-                    "type": "object", "required": ["shape", "dtype", "requires_grad"],
-                    "properties": {
-                        "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1},
-                        "dtype": {"type": "string"},
-                        "requires_grad": {"type": "boolean"},
-                    },
-                },
-                "device": {"enum": ["cpu", "cuda"]},
+                "input": INPUT_SCHEMA,
+                "device": {"enum": list(DEVICES)},
                 "cost_model": {"enum": list(COST_MODELS)},
                 "torch": {"type": "string"},
                 "fingerprint": {"type": "string", "minLength": 1},

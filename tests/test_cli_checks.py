@@ -130,8 +130,8 @@ def test_a_model_in_another_dtype_is_named_as_such(tmp_path):
 
 def test_calling_the_wrapper_under_autocast_is_refused_not_wrong():
     import torch
-
     from factories import tiny_mlp
+
     from monet import MONeTWrapper, ScheduleMismatchError, solve
 
     model = tiny_mlp()
