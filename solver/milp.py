@@ -29,6 +29,10 @@ class MilpResult:
     bound: float
     gap: float
     seconds: float
+    # the warm start: None (none given), "accepted" (the ILP with its binaries fixed was feasible, and
+    # HiGHS started from that solution) or "rejected" (it was not: the start is no solution of this ILP)
+    warm: str | None = None
+    warm_objective: float = np.inf  # the accepted warm start's cost
 
 
 class Milp:
@@ -124,7 +128,7 @@ class Milp:
             _run(highs, best, progress)
             return highs, best
 
-        seeded = None
+        seeded, warm_state, warm_objective = None, None, np.inf
         if warm and binary.any():
             fixed = lower.copy()
             for var_index, value in warm.items():  # where the model fixes a variable, its fix stands
@@ -132,20 +136,23 @@ class Milp:
             col_lower, col_upper = lower.copy(), upper.copy()
             col_lower[binary] = col_upper[binary] = fixed[binary]
             first, _ = run(col_lower, col_upper)
+            warm_state = "rejected"
             if first.getModelStatus() == highspy.HighsModelStatus.kOptimal:
-                seeded = first.getSolution()
+                seeded, warm_state = first.getSolution(), "accepted"
+                warm_objective = float(cost @ np.asarray(seeded.col_value))
         highs, best = run(lower, upper, seeded)
         seconds = time.perf_counter() - start
         status = highs.getModelStatus()
         name = _STATUS_NAMES.get(status.name, highs.modelStatusToString(status).lower())
         info, solution = highs.getInfo(), highs.getSolution()
         if name == "infeasible":
-            return MilpResult("infeasible", None, np.inf, np.inf, np.inf, seconds)
+            return MilpResult("infeasible", None, np.inf, np.inf, np.inf, seconds, warm_state, warm_objective)
         objective_value = float(info.objective_function_value)
         if (not solution.value_valid or info.primal_solution_status != highspy.kSolutionStatusFeasible
                 or not np.isfinite(objective_value)):  # stopped before any solution
             bound = min(float(info.mip_dual_bound), best.bound)  # (see below)
-            return MilpResult(name, None, np.inf, bound if np.isfinite(bound) else -np.inf, np.inf, seconds)
+            return MilpResult(name, None, np.inf, bound if np.isfinite(bound) else -np.inf, np.inf, seconds, warm_state,
+                              warm_objective)
         values = np.asarray(solution.col_value, dtype=float)
         bound = float(info.mip_dual_bound) if np.isfinite(info.mip_dual_bound) else objective_value
         gap = float(info.mip_gap) if np.isfinite(info.mip_gap) else 0.0
@@ -153,7 +160,7 @@ class Milp:
             bound = min(bound, best.bound)
             gap = (objective_value - bound) / max(abs(objective_value), 1e-12)
         return MilpResult("optimal" if name == "optimal" else "time_limit", values, objective_value, bound, gap,
-                          seconds)
+                          seconds, warm_state, warm_objective)
 
 
 _STATUS_NAMES = {"kOptimal": "optimal", "kInfeasible": "infeasible", "kTimeLimit": "time_limit"}

@@ -60,8 +60,10 @@ class Solution:
     replay: Replay
     budget: int
     formulation: str
-    # "optimal" (within the gap asked for), "time_limit" (the best schedule found when time ran out)
-    # or "heuristic" (the starting schedule, where the formulation found none in time)
+    # "optimal" (within the gap asked for), "time_limit" (the best schedule found when time ran out),
+    # "heuristic" (the starting schedule, where the formulation found none, or none the simulator
+    # confirms) or "unverified" (HiGHS's schedule fits, but the simulator contradicts what HiGHS
+    # said of it: see `warnings`)
     status: str
     objective: float  # predicted step time, as the formulation prices it
     bound: float  # proven lower bound on the step time of any schedule of the formulation
@@ -69,6 +71,9 @@ class Solution:
     solve_time: float
     horizon: int | None = None  # how early ops may rerun, in stages (None: unbounded)
     note: str = ""  # for people: what a "heuristic" result is, and what would help
+    # for people: where HiGHS contradicted itself or the simulator (which judges peaks and times);
+    # the solution then never claims "optimal"
+    warnings: tuple[str, ...] = ()
 
     @property
     def peak(self) -> int:
@@ -84,6 +89,7 @@ class Solution:
             "gap": self.gap,
             "solve_time_s": self.solve_time,
             **({"note": self.note} if self.note else {}),
+            **({"warnings": list(self.warnings)} if self.warnings else {}),
         }
 
 

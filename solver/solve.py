@@ -68,10 +68,12 @@ def _pose(problem: Problem, formulation: str, implementations: bool, allow_appro
 
 
 def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]], horizon: int | None | str,
-           report: Callable[[float, float | None, str], None] = lambda *_: None) -> tuple[int | None, Start | None]:
+           report: Callable[[float, float | None, str], None] = lambda *_: None,
+           incumbent: Schedule | None = None) -> tuple[int | None, Start | None]:
     """The horizon to pose the model with, and the heuristic schedule to start from (see warm_starts).
-    An "auto" horizon that admits no heuristic schedule within the budget is lengthened until one does.
-    `report(done, total, detail)` hears of each horizon tried."""
+    An "auto" horizon that admits no heuristic schedule within the budget is lengthened until one does,
+    and then until it admits `incumbent` (the best schedule so far, of `posed`'s ids: a longer solve
+    starts from it). `report(done, total, detail)` hears of each horizon tried."""
     if horizon != "auto":
         report(0, None, "")
         return horizon, warm_starts(posed, budget, option_sets, horizon)
@@ -85,6 +87,11 @@ def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]]
         report(tried, 1 + len(longer), f"none fits with {_horizon_text(chosen)}; trying {_horizon_text(horizon)}")
         found = warm_starts(posed, budget, option_sets, horizon)
         chosen = horizon if found else chosen
+    if incumbent is not None and not Stages(posed, chosen).admits(incumbent):
+        chosen = next((h for h in reversed(HORIZONS[:HORIZONS.index(chosen)]) if Stages(posed, h).admits(incumbent)),
+                      None)
+        report(len(longer), 1 + len(longer), f"{_horizon_text(chosen)}, which the best schedule so far needs")
+        found = warm_starts(posed, budget, option_sets, chosen) or found
     return chosen, found
 
 
@@ -101,7 +108,7 @@ def _model(formulation: str, posed: Problem, budget: int | None, allow_approxima
 
 def solve(problem: Problem, budget: int, *, formulation: str = "auto", implementations: bool = True,
           allow_approximate: bool = False, options: dict[str, str] | None = None, time_limit: float = 60.0,
-          gap: float = 5e-3, horizon: int | None | str = "auto", start: Schedule | None = None, seed: int = 0,
+          gap: float = 5e-3, horizon: int | None | str | list = "auto", start: Schedule | None = None, seed: int = 0,
           verbose: bool = False, progress: Progress | None = None) -> Solution:
     """The fastest schedule whose replayed peak stays within `budget` bytes.
 
@@ -112,7 +119,9 @@ def solve(problem: Problem, budget: int, *, formulation: str = "auto", implement
     `formulation`: "compact" (each tensor rebuilt at most once; scales), "general" (any number of
     reruns; small graphs, no implementation choices) or "auto" (general for graphs of up to
     GENERAL_UP_TO forward ops with nothing to choose, else compact). `horizon` bounds how early an op
-    may rerun, in stages (None: unbounded; "auto": as long as the problem's size allows).
+    may rerun, in stages (None: unbounded; "auto": as long as the problem's size allows); a list of
+    horizons (e.g. [15, None]) solves at each in turn, each on an equal share of the time left and
+    started from the best schedule so far, and returns the last, which is never slower.
     The solver starts from the fastest of Chen's greedy schedules that fits, with ops run as
     PyTorch runs them or in their leanest way, or from `start` (a schedule of this problem) where
     that fits and is faster (compact formulation); when it chooses implementations it first
@@ -121,15 +130,49 @@ def solve(problem: Problem, budget: int, *, formulation: str = "auto", implement
     or at `time_limit` seconds with the best schedule found and its proven gap. Same input, same
     seed: same schedule, unless the time limit cuts the search.
     When the search finds no schedule in time but a heuristic one fits, that one is returned
-    (status "heuristic", with a `note` on what would help). Raises InfeasibleBudgetError (stating
+    (status "heuristic", with a `note` on what would help). The simulator judges HiGHS's answer:
+    where they disagree (HiGHS calls the ILP infeasible after accepting a start that is a solution
+    of it; its schedule replays over the budget or at another step time than it priced; its bound
+    exceeds a solution it accepted), the solution says so in `warnings` and is not "optimal" (a
+    schedule over the budget is never returned). Raises InfeasibleBudgetError (stating
     the least peak) when no schedule of the formulation fits, and SolverFailedError when time runs
     out before any schedule is found (stating the least peak found, a budget from which a schedule
     is sure, and that more time may help; finding these takes up to another `time_limit`).
     `verbose` shows HiGHS's log; `progress` (see Progress) hears what the solver is doing.
     Ctrl-C (KeyboardInterrupt) stops the solver within a second.
     """
+    if isinstance(horizon, (list, tuple)):
+        return _ladder(problem, budget, formulation, implementations, allow_approximate, options, time_limit, gap,
+                       list(horizon), start, seed, verbose, progress or _quiet)
     return _solve(problem, budget, formulation, implementations, allow_approximate, options, time_limit, gap,
                   horizon, start, seed, verbose, explain=True, progress=progress or _quiet)
+
+
+def _ladder(problem: Problem, budget: int, formulation: str, implementations: bool, allow_approximate: bool,
+            options: dict[str, str] | None, time_limit: float, gap: float, horizons: list, start: Schedule | None,
+            seed: int, verbose: bool, progress: Progress) -> Solution:
+    """`solve` at each of `horizons` in turn, each started from the best schedule so far; the last
+    solution, which is no slower than any before it."""
+    if not horizons:
+        raise ValueError("a list of horizons must name at least one")
+    began, best, warnings = time.perf_counter(), None, []
+    for i, horizon in enumerate(horizons):
+        share = (time_limit - (time.perf_counter() - began)) / (len(horizons) - i)
+        last = i == len(horizons) - 1
+        try:
+            solution = _solve(problem, budget, formulation, implementations, allow_approximate, options,
+                              max(1.0, share), gap, horizon, best.schedule if best else start, seed, verbose,
+                              explain=last, progress=progress, label=f"{_horizon_text(horizon)}: ")
+        except (_NoSchedule, SolverFailedError):
+            if not last or best is not None:
+                continue
+            raise
+        warnings += [w for w in solution.warnings if w not in warnings]
+        if best is None or solution.replay.time <= best.replay.time:
+            best = solution
+    if best is None:  # only the last rung may explain, and it raised; unreachable
+        raise SolverFailedError(f"no schedule at any of the horizons {horizons}")
+    return dataclasses.replace(best, solve_time=time.perf_counter() - began, warnings=tuple(warnings))
 
 
 class _NoSchedule(Exception):
@@ -161,17 +204,22 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
                                 label=label + "checkpointing alone: ").schedule)
         except (_NoSchedule, SolverFailedError):
             pass
+    # The best schedule so far (a start given, or checkpointing alone's) that the simulator finds within
+    # the budget: the search starts from it (compact), and never returns a slower one.
+    fitting = [(candidate, replay) for candidate in given
+               for replay in [simulate(problem, candidate)] if replay.peak <= budget]
+    incumbent = min(fitting, key=lambda pair: pair[1].time, default=None)
     horizon, found = _start(posed, budget, _option_sets(posed, implementations, allow_approximate, options), horizon,
-                            lambda *state: progress(label + "finding a starting schedule", *state))
+                            lambda *state: progress(label + "finding a starting schedule", *state),
+                            incumbent[0] if incumbent and kind == "compact" else None)
     progress(label + "building the ILP", 0, None, "")
     model = _model(kind, posed, budget, allow_approximate, fixed, horizon)
-    for candidate in given if kind == "compact" else ():
-        replay = simulate(problem, candidate)
-        if replay.peak <= budget and (found is None or replay.time < found.replay.time):
-            tensor_win, op_win = model.stages.windows  # unsaved tensors whose op cannot rerun are not made
-            dropped = frozenset(t for t in tensor_win
-                                if t not in candidate.saved and problem.tensors[t].producer in op_win)
-            found = Start(dropped, dict(candidate.options), candidate, replay)
+    if kind == "compact" and incumbent and (found is None or incumbent[1].time < found.replay.time):
+        candidate, replay = incumbent
+        tensor_win, op_win = model.stages.windows  # unsaved tensors whose op cannot rerun are not made
+        dropped = frozenset(t for t in tensor_win
+                            if t not in candidate.saved and problem.tensors[t].producer in op_win)
+        found = Start(dropped, dict(candidate.options), candidate, replay)
     warm = model.warm_start(found.dropped, found.options) if found else None
     reference = baseline_replay.time  # no schedule is much faster than keeping everything, so the gap holds
     def step_time(objective: float, bound: float) -> str:
@@ -183,14 +231,31 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
     result = model.milp.solve(time_limit=max(1.0, time_limit - (time.perf_counter() - began)), seed=seed,
                               warm=warm, verbose=verbose, abs_gap=gap * reference * 1e3,
                               progress=_watch(progress, label + "solving", began, time_limit, step_time))
-    if result.values is None and found:
-        # The heuristic schedule fits (the simulator says so) where the formulation found nothing, in
-        # time or (its rows can overcount) at all: it stands, with the formulation's bound where it has one.
+    # Schedules of `problem` that the simulator finds within the budget without HiGHS: the starting
+    # schedule, and (the general formulation does not start from it) the best one so far.
+    fallbacks = []
+    if found:
+        first = Schedule.from_dict(problem, found.schedule.to_dict(posed))
+        fallbacks.append((first, simulate(problem, first)))
+    if incumbent and kind != "compact":
+        fallbacks.append(incumbent)
+    outside = found is not None and not model.stages.admits(found.schedule)  # a start the ILP cannot pose
+    if result.values is None and fallbacks:
+        # A schedule fits (the simulator says so) where the formulation found nothing, in time or (its
+        # rows can overcount, its horizon exclude) at all: it stands, with the formulation's bound where
+        # it has one, and a warning where HiGHS had accepted it as a solution of the ILP it calls infeasible.
+        schedule, replay = min(fallbacks, key=lambda pair: pair[1].time)
+        warnings = []
+        if result.status == "infeasible" and result.warm == "accepted":
+            warnings.append("HiGHS contradicted itself: it called the ILP infeasible after accepting the starting "
+                            "schedule as a solution of it (the simulator replays that schedule to "
+                            f"{replay.peak} bytes, within the budget of {budget})")
         bound = model.fixed_time + (max(0.0, result.bound) / 1e3 if np.isfinite(result.bound) else 0.0)
-        solution = _solution(Schedule.from_dict(problem, found.schedule.to_dict(posed)), problem, budget, model,
-                             "heuristic", found.replay.time, bound, began)
-        return dataclasses.replace(solution, note=_heuristic_note(result.status, time_limit, result.seconds,
-                                                                  solution.gap, model.name))
+        solution = _solution(schedule, problem, budget, model, "heuristic", replay.time,
+                             0.0 if warnings else bound, began)
+        note = _heuristic_note(result.status, time_limit, result.seconds, solution.gap, model.name,
+                               model.stages.horizon if outside else False)
+        return dataclasses.replace(solution, note=_with_warnings(note, warnings), warnings=tuple(warnings))
     if result.values is None and not explain:
         raise _NoSchedule if result.status == "infeasible" else SolverFailedError(
             f"HiGHS stopped ({result.status}) before finding any schedule within {time_limit:g} s")
@@ -208,19 +273,64 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
         unconstrained = simulate(problem, keep_all(problem)).peak
         raise SolverFailedError(_no_schedule_message(budget, unconstrained, time_limit, least))
     schedule = Schedule.from_dict(problem, model.schedule(result.values).to_dict(posed))
+    replay = simulate(problem, schedule)
     objective = model.fixed_time + result.objective / 1e3
+    bound = model.fixed_time + max(0.0, result.bound) / 1e3
+    warnings = _audit(result, model, replay, objective, bound, budget)
+    fastest = replay.time if replay.peak <= budget else np.inf
+    if warnings:
+        objective = replay.time  # the simulator judges
     # Keeping everything, or the starting schedule, stands where the replay finds it no slower: the
     # rows' safety margin can hide an exact fit, and HiGHS stops anywhere within the gap.
-    others = [(baseline, baseline_replay)]
-    if found:
-        first = Schedule.from_dict(problem, found.schedule.to_dict(posed))
-        others.append((first, simulate(problem, first)))
-    fastest = simulate(problem, schedule).time
-    for other, replay in others:
-        if replay.peak <= budget and replay.time <= fastest:
-            schedule, objective, fastest = other, replay.time, replay.time
-    return _solution(schedule, problem, budget, model, result.status, objective,
-                     model.fixed_time + max(0.0, result.bound) / 1e3, began)
+    others = [(baseline, baseline_replay)] + fallbacks
+    replaced = False
+    for other, other_replay in others:
+        if other_replay.peak <= budget and other_replay.time <= fastest:
+            schedule, objective, fastest, replaced = other, other_replay.time, other_replay.time, True
+    if not np.isfinite(fastest):
+        raise SolverFailedError("; ".join(warnings) + ", and no other schedule at hand fits")
+    note = ""
+    if outside and replaced and not warnings:
+        note = (f"this is the starting schedule: it reruns ops further ahead of their use than the horizon of "
+                f"{model.stages.horizon} stages allows, so it lies outside the ILP posed; the bound holds for the "
+                "ILP's schedules only. A longer --horizon would pose it")
+    status = ("heuristic" if replaced else "unverified") if warnings else result.status
+    solution = _solution(schedule, problem, budget, model, status, objective, 0.0 if warnings else bound, began)
+    return dataclasses.replace(solution, note=_with_warnings(note, warnings), warnings=tuple(warnings))
+
+
+TIME_TOLERANCE = 1e-5  # relative: HiGHS's price of a schedule and the simulator's step time agree within this
+
+
+def _audit(result, model: Formulation, replay, objective: float, bound: float, budget: int) -> list[str]:
+    """Where HiGHS's answer (a schedule priced at `objective` s, a bound of `bound` s) contradicts the
+    simulator's `replay` of that schedule, or HiGHS itself: one line each, for people."""
+    warnings = []
+    tolerance = TIME_TOLERANCE * max(abs(objective), abs(replay.time), 1e-12)
+    if replay.peak > budget:
+        warnings.append(f"HiGHS's schedule ({result.status}) replays to a peak of {replay.peak} bytes "
+                        f"({format_bytes(replay.peak)}), over the budget of {budget} bytes: the simulator judges "
+                        "peaks, so it is not returned")
+    elif abs(objective - replay.time) > tolerance:
+        warnings.append(f"HiGHS ({result.status}) priced its schedule at {objective:.6g} s of step time, and the "
+                        f"simulator replays it at {replay.time:.6g} s")
+    if bound > objective + tolerance:
+        warnings.append(f"HiGHS's bound of {bound:.6g} s exceeds the step time it found, {objective:.6g} s")
+    if result.warm == "accepted":
+        accepted = model.fixed_time + result.warm_objective / 1e3
+        if bound > accepted + tolerance:
+            warnings.append(f"HiGHS's bound of {bound:.6g} s exceeds {accepted:.6g} s, the step time of the "
+                            "starting schedule that it accepted as a solution of the same ILP")
+    return warnings
+
+
+def _with_warnings(note: str, warnings: list[str]) -> str:
+    """The note for people, with the warnings (the CLI shows the note)."""
+    if not warnings:
+        return note
+    text = ("the simulator does not confirm HiGHS's answer: " + "; ".join(warnings) +
+            ". The schedule returned replays within the budget; its step time is the simulator's")
+    return f"{text}. {note}" if note else text
 
 
 def _watch(progress: Progress, stage: str, began: float, time_limit: float,
@@ -236,9 +346,16 @@ def _watch(progress: Progress, stage: str, began: float, time_limit: float,
     return tick
 
 
-def _heuristic_note(status: str, time_limit: float, highs_seconds: float, gap: float, formulation: str) -> str:
-    """What a heuristic result is and what would help, for people."""
-    if status == "infeasible":
+def _heuristic_note(status: str, time_limit: float, highs_seconds: float, gap: float, formulation: str,
+                    outside: int | None | bool = False) -> str:
+    """What a heuristic result is and what would help, for people. `outside`: the horizon that the
+    starting schedule reruns beyond (False: it does not)."""
+    if status == "infeasible" and outside is not False:
+        why = (f"the starting schedule reruns ops further ahead of their use than the horizon of {outside} stages "
+               "allows, so it is no solution of the ILP posed, which has none at this budget: a limit of the "
+               "horizon, not of the budget (the simulator finds the starting schedule within it)")
+        helps = "a longer --horizon"
+    elif status == "infeasible":
         why = (f"the {formulation} formulation admits no schedule at this budget (its memory rows count "
                "conservatively; the simulator finds the heuristic's schedule within it)")
         helps = "a higher budget"
