@@ -9,15 +9,24 @@ log cut short, its last line of branch-and-bound progress).
     python -m benchmarks.monet_instances [--folder ../shared/monet-instances]
 
 writes benchmarks/results/monet-instances.md: each instance's size and Gurobi's objective, bound
-and time, in MONeT's units (0.01 ms). Converting an instance to monet's Problem, and solving it
-here for the comparison of issue 14, is not done yet (see the README's "MONeT's instances").
+and time, in MONeT's units (0.01 ms); Gurobi's own schedule converted (benchmarks.monet_convert)
+and replayed in monet's simulator (time against `runtime_expected`, peak against the budget); and
+monet's solves of the converted instance, from the records in monet-instances-solves.jsonl.
+
+    python -m benchmarks.monet_instances --solve 60 [--solve 300] [--only vgg16] [--deadline S]
+
+solves each instance (compact formulation, implementation choices on, gap 1e-4) at each time
+limit and appends one record per solve to that file (a rerun replaces an instance's record at the
+same limit); --deadline stops starting new solves after S seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pickle
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +34,7 @@ import numpy as np
 
 FOLDER = Path(__file__).resolve().parents[2] / "shared" / "monet-instances"
 OUT = Path(__file__).resolve().parent / "results" / "monet-instances.md"
+SOLVES = OUT.with_name("monet-instances-solves.jsonl")
 LOGS = {"vgg16": "monet_vgg16_icmn_176_{budget}.out", "un": "monet_unet_icmn_11_{budget}",
         "googlenet": "monet_googlenet_in_320_{budget}"}
 SAFE = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
@@ -177,20 +187,82 @@ def instances(folder: Path) -> list[Instance]:
     return sorted(found, key=lambda inst: (inst.model, inst.budget_gb))
 
 
-def table(folder: Path) -> str:
-    rows = ["| model | batch | budget (GB) | nodes (fwd / stages) | MONeT's runtime_expected | "
-            "Gurobi objective | Gurobi bound | Gurobi s | Gurobi's run |",
-            "|---|---|---|---|---|---|---|---|---|"]
+def replay_check(inst: Instance) -> dict:
+    """Gurobi's own schedule converted and replayed: time (0.01 ms) and peak against the budget."""
+    from solver.simulate import simulate
+
+    from .monet_convert import UNIT, budget_bytes, convert, gurobi_objective, gurobi_schedule
+
+    converted = convert(inst)
+    schedule, notes = gurobi_schedule(inst, converted)
+    replay = simulate(converted.problem, schedule)
+    terms = gurobi_objective(inst)
+    return {"time": replay.time / UNIT, "terms": terms, "peak": replay.peak, "budget": budget_bytes(inst),
+            "peak_at": replay.peak_at, "notes": notes}
+
+
+def solve_instance(inst: Instance, time_limit: float) -> dict:
+    """monet's compact solve of the converted instance: objective and bound in 0.01 ms, or what failed."""
+    from solver.solve import solve
+
+    from .monet_convert import UNIT, budget_bytes, convert
+
+    converted = convert(inst)
+    began = time.perf_counter()
+    record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit}
+    try:
+        sol = solve(converted.problem, budget_bytes(inst), formulation="compact", implementations=True,
+                    time_limit=time_limit, gap=1e-4)
+    except Exception as exc:  # an infeasible or failed solve is a result to report
+        record.update(status=type(exc).__name__, message=str(exc)[:300], seconds=time.perf_counter() - began)
+        return record
+    record.update(status=sol.status, objective=sol.objective / UNIT, bound=sol.bound / UNIT,
+                  seconds=time.perf_counter() - began, peak=sol.replay.peak, budget=budget_bytes(inst),
+                  replayed=sol.replay.time / UNIT, note=getattr(sol, "note", None))
+    return record
+
+
+def read_solves(path: Path) -> dict[tuple[str, float, float], dict]:
+    records = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                records[(rec["model"], rec["budget_gb"], rec["time_limit"])] = rec
+    return records
+
+
+def table(folder: Path, solves: dict | None = None) -> str:
+    solves = solves or {}
+    rows = ["| model | batch | budget (GB) | nodes (fwd / stages) | Gurobi 24 h objective | Gurobi bound | "
+            "Gurobi's run | Gurobi's schedule replayed (vs objective; peak / budget) | "
+            "monet 60 s: objective (vs Gurobi), bound, status, s | monet 300 s: objective (vs Gurobi), bound, "
+            "status, s |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
 
     def text(value: float | None) -> str:
         return "-" if value is None else f"{value:,.0f}"
 
+    def solved(inst: Instance, limit: float, reference: float | None) -> str:
+        rec = solves.get((inst.model, inst.budget_gb, limit))
+        if rec is None:
+            return "not run"
+        if "objective" not in rec:
+            return f"{rec['status']} after {rec['seconds']:.0f} s"
+        versus = f" ({rec['objective'] / reference - 1:+.2%})" if reference else ""
+        return (f"{text(rec['objective'])}{versus}, {text(rec['bound'])}, {rec['status']}, "
+                f"{rec['seconds']:.0f}")
+
     for inst in instances(folder):
         log = log_of(inst, folder)
         gurobi = read_log(log) if log else Gurobi(None, None, None, "no log")
+        check = replay_check(inst)
+        expected = float(inst.solution.runtime_expected)
+        replayed = (f"{text(check['time'])} ({check['time'] / expected - 1:+.2%}; "
+                    f"{check['peak'] / check['budget']:.3f})")
         rows.append(f"| {inst.model} | {inst.batch} | {inst.budget_gb:g} | {inst.forward} / {inst.stages} | "
-                    f"{text(float(inst.solution.runtime_expected))} | {text(gurobi.objective)} | "
-                    f"{text(gurobi.bound)} | {text(gurobi.seconds)} | {gurobi.status} |")
+                    f"{text(gurobi.objective)} | {text(gurobi.bound)} | {gurobi.status} | {replayed} | "
+                    f"{solved(inst, 60.0, gurobi.objective)} | {solved(inst, 300.0, gurobi.objective)} |")
     return "\n".join(rows) + "\n"
 
 
@@ -198,11 +270,34 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--folder", type=Path, default=FOLDER)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--solves", type=Path, default=SOLVES)
+    parser.add_argument("--solve", type=float, action="append", default=[], help="solve at this time limit (s)")
+    parser.add_argument("--only", default="", help="comma-separated models (vgg16, un, googlenet)")
+    parser.add_argument("--budgets", default="", help="comma-separated budgets (GB)")
+    parser.add_argument("--deadline", type=float, default=None, help="start no solve after this many seconds")
     args = parser.parse_args(argv)
-    text = ("# MONeT's published instances and Gurobi's 24 h results\n\n"
-            f"Read by `python -m benchmarks.monet_instances` from {args.folder.name}/ (units: 0.01 ms). "
-            "monet's own solve of these instances is not in this table yet: the conversion to monet's "
-            "problem is not built.\n\n" + table(args.folder))
+    began = time.perf_counter()
+    for limit in args.solve:
+        for inst in instances(args.folder):
+            if args.only and inst.model not in args.only.split(","):
+                continue
+            if args.budgets and inst.budget_gb not in [float(b) for b in args.budgets.split(",")]:
+                continue
+            if args.deadline is not None and time.perf_counter() - began > args.deadline:
+                break
+            record = solve_instance(inst, limit)
+            print(json.dumps(record), flush=True)
+            with args.solves.open("a") as file:
+                file.write(json.dumps(record) + "\n")
+    text = ("# MONeT's published instances: Gurobi's 24 h results and monet's\n\n"
+            f"Written by `python -m benchmarks.monet_instances` from {args.folder.name}/ and the solves recorded in "
+            f"{args.solves.name} (units: MONeT's 0.01 ms). Gurobi ran MONeT's ILP 24 h on 12 threads (P100 "
+            "profile); monet solves the converted instance (benchmarks/monet_convert.py) with its compact "
+            "formulation and implementation choices, on this machine's shared cores. \"Gurobi's schedule "
+            "replayed\" is Gurobi's own solution converted to a monet schedule and replayed in monet's "
+            "simulator: its step time against Gurobi's objective, and its peak over the budget. monet's bound "
+            "is for its own formulation, not MONeT's (README, \"MONeT's instances\").\n\n"
+            + table(args.folder, read_solves(args.solves)))
     args.out.write_text(text)
     print(text)
 

@@ -52,3 +52,25 @@ def test_a_pickle_naming_other_code_is_refused(tmp_path):
     path.write_bytes(pickle.dumps([io.StringIO, None]))
     with pytest.raises(pickle.UnpicklingError, match="not part of MONeT's instance format"):
         read_instance(path)
+
+
+UNET = FOLDER / "solution_un_11_inplace_conv_multiway_newnode_10.00.pkl"
+
+
+@pytest.mark.skipif(not UNET.exists(), reason="MONeT's instances are not in ../shared/monet-instances")
+def test_gurobis_own_schedule_converts_and_replays_within_budget_and_its_objective():
+    from benchmarks.monet_convert import UNIT, budget_bytes, convert, gurobi_objective, gurobi_schedule
+    from solver.simulate import simulate
+
+    instance = read_instance(UNET)
+    expected = float(instance.solution.runtime_expected)
+    terms = gurobi_objective(instance)
+    assert sum(terms.values()) == expected  # the objective re-derived from Gurobi's matrices
+    converted = convert(instance)
+    schedule, notes = gurobi_schedule(instance, converted)
+    replay = simulate(converted.problem, schedule)
+    assert replay.peak <= budget_bytes(instance)
+    # monet has no in-place ReLU: the replay misses exactly MONeT's in-place savings (a few units)
+    assert replay.time / UNIT == pytest.approx(expected - terms["inplace"], abs=1e-6 * expected)
+    assert abs(replay.time / UNIT / expected - 1) < 1e-3
+    assert notes == []
