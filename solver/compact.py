@@ -39,23 +39,32 @@ class Compact(Formulation):
         """`options` fixes choices (e.g. every choice to its first option: checkpointing alone);
         `horizon` bounds how early ops may rerun (see Stages)."""
         super().__init__(problem, budget, horizon)
-        stages, milp, memory = self.stages, self.milp, self.memory
-        tensors = problem.tensors
-        tensor_win, op_win = stages.windows
-        conditional = stages.read_only_under
+        self._choices(allow_approximate, options or {})
+        self._keep_or_drop()
+        self._rerun_variables()
+        self._rerun_triggers()
+        self._needs()
+        held = self._held()
+        self._stage_rows(held)
+        self._forward_rows()
+        self._objective()
 
-        # Choices. An allowed option that another allowed option dominates is left out (no loss).
+    # ---- variables and their links -----------------------------------------
+    def _choices(self, allow_approximate: bool, options: dict[str, str]) -> None:
+        """y[c,j], one option per choice. An allowed option that another allowed option dominates
+        is left out (no loss)."""
+        milp = self.milp
         self.option_var: dict[tuple[str, int], int] = {}
         self.better: dict[tuple[str, int], int] = {}  # dominated option -> the option that replaces it
         ops_of: dict[str, list] = {}
-        for op in problem.ops:
+        for op in self.problem.ops:
             if op.choice is not None:
                 ops_of.setdefault(op.choice, []).append(op)
-        for choice in problem.choices:
+        for choice in self.problem.choices:
             first = milp.add_vars(len(choice.options), binary=True)
             milp.add_row([(first + j, 1.0) for j in range(len(choice.options))], 1.0)
             milp.add_row([(first + j, -1.0) for j in range(len(choice.options))], -1.0)
-            forced = (options or {}).get(choice.name)
+            forced = options.get(choice.name)
             allowed = [j for j, name in enumerate(choice.options)
                        if (allow_approximate or name not in choice.approximate) and (not forced or forced == name)]
             for j in range(len(choice.options)):
@@ -66,85 +75,94 @@ class Compact(Formulation):
                 if j in allowed and better is not None:
                     self.better[(choice.name, j)] = better
 
-        def option(op_id: int, j: int) -> Terms:
-            """Terms equal to 1 when op `op_id` runs as its option j (always, without a choice)."""
-            op = problem.ops[op_id]
-            return [] if op.choice is None else [(self.option_var[(op.choice, j)], 1.0)]
+    def _option(self, op_id: int, j: int) -> Terms:
+        """Terms equal to 1 when op `op_id` runs as its option j (always, without a choice)."""
+        op = self.problem.ops[op_id]
+        return [] if op.choice is None else [(self.option_var[(op.choice, j)], 1.0)]
 
-        def both(a: Terms, b: Terms) -> Terms:
-            """Terms of a variable equal to the product of two 0/1 quantities (an empty one is 1)."""
-            if not a or not b:
-                return a or b
-            z = milp.add_vars(upper=1.0)
-            milp.add_row(a + b + [(z, -1.0)], 1.0)
-            milp.add_row([(z, 1.0)] + [(v, -c) for v, c in a], 0.0)
-            milp.add_row([(z, 1.0)] + [(v, -c) for v, c in b], 0.0)
-            return [(z, 1.0)]
+    def _both(self, a: Terms, b: Terms) -> Terms:
+        """Terms of a variable equal to the product of two 0/1 quantities (an empty one is 1)."""
+        if not a or not b:
+            return a or b
+        milp = self.milp
+        z = milp.add_vars(upper=1.0)
+        milp.add_row(a + b + [(z, -1.0)], 1.0)
+        milp.add_row([(z, 1.0)] + [(v, -c) for v, c in a], 0.0)
+        milp.add_row([(z, 1.0)] + [(v, -c) for v, c in b], 0.0)
+        return [(z, 1.0)]
 
-        def reads_if(t: int, k: int) -> Terms:
-            """Terms equal to 1 when backward op k reads t under the chosen option ([] when always)."""
-            if (t, k) not in conditional:
-                return []
-            return [term for j in conditional[(t, k)] for term in option(problem.backward_ops[k].id, j)]
+    def reads_if(self, t: int, k: int) -> Terms:
+        conditional = self.stages.read_only_under
+        if (t, k) not in conditional:
+            return []
+        return [term for j in conditional[(t, k)] for term in self._option(self.problem.backward_ops[k].id, j)]
 
-        # Keep or drop.
+    def _keep_or_drop(self) -> None:
+        """d[t], and the options that forbid dropping: an option whose reruns read saved tensors
+        keeps them, and an op's outputs are dropped only under an option that lets it rerun."""
+        milp, problem, stages = self.milp, self.problem, self.stages
         self.one = milp.add_vars(lower=1.0, upper=1.0)  # the constant 1, for bytes in running sums
-        self.drop = {t: milp.add_vars(binary=True) for t in sorted(tensor_win)}
+        self.drop = {t: milp.add_vars(binary=True) for t in sorted(self.tensor_window)}
         for t, var in self.drop.items():
-            if tensors[t].producer not in op_win:
+            if problem.tensors[t].producer not in self.window:
                 milp.fix(var, 0.0)  # its op cannot rerun
             elif t in stages.never_worth_keeping:
                 milp.fix(var, 1.0)
         for op in problem.ops:
-            for j, impl in enumerate(op.impls):  # an option whose reruns read saved tensors keeps them
+            for j, impl in enumerate(op.impls):
                 for t in impl.keeps:
                     if t in self.drop:
-                        milp.add_row([(self.drop[t], 1.0)] + option(op.id, j), 1.0)
-            if op.id in op_win and not all(impl.recomputable for impl in op.impls):
+                        milp.add_row([(self.drop[t], 1.0)] + self._option(op.id, j), 1.0)
+            if op.id in self.window and not all(impl.recomputable for impl in op.impls):
                 rerun_options = [term for j, impl in enumerate(op.impls) if impl.recomputable
-                                 for term in option(op.id, j)]
-                for t in op.outputs:  # dropped only under an option that lets the op rerun
+                                 for term in self._option(op.id, j)]
+                for t in op.outputs:
                     if t in self.drop:
                         milp.add_row([(self.drop[t], 1.0)] + [(v, -c) for v, c in rerun_options], 0.0)
 
-        # P[o,k] over o's window; after the window it keeps its last value.
-        self.window = op_win
-        self.p_first = {o: milp.add_vars(b - a + 1, upper=1.0) for o, (a, b) in sorted(op_win.items())}
+    def _P(self, o: int, k: int) -> int | None:
+        """P[o,k] over o's window; after the window it keeps its last value (None before it)."""
+        if o not in self.window or k < self.window[o][0]:
+            return None
+        a, b = self.window[o]
+        return self.p_first[o] + min(k, b) - a
 
-        def P(o: int, k: int) -> int | None:
-            if o not in op_win or k < op_win[o][0]:
-                return None
-            a, b = op_win[o]
-            return self.p_first[o] + min(k, b) - a
+    def _ran_here(self, o: int, k: int) -> Terms:
+        """Terms equal to 1 when o reruns exactly at stage k."""
+        terms = [(self._P(o, k), 1.0)]
+        if self._P(o, k - 1) is not None:
+            terms.append((self._P(o, k - 1), -1.0))
+        return terms
 
-        def ran_here(o: int, k: int) -> Terms:
-            """Terms equal to 1 when o reruns exactly at stage k."""
-            terms = [(P(o, k), 1.0)]
-            if P(o, k - 1) is not None:
-                terms.append((P(o, k - 1), -1.0))
-            return terms
-
-        # P[o,k] is squeezed between the needs that trigger o by stage k: below by each, above by their sum.
-        triggers: dict[tuple[int, int], list[int]] = {(o, k): [] for o, (a, b) in op_win.items()
-                                                       for k in range(a, b + 1)}
-        for o, (a, b) in op_win.items():
+    def _rerun_variables(self) -> None:
+        """P[o,k], monotone in k, and the rerun's time under each option (for the objective)."""
+        milp, P = self.milp, self._P
+        self.p_first = {o: milp.add_vars(b - a + 1, upper=1.0) for o, (a, b) in sorted(self.window.items())}
+        self._rerun_times: list[tuple[int, float]] = []
+        for o, (a, b) in self.window.items():
             for k in range(a + 1, b + 1):
                 milp.add_row([(P(o, k - 1), 1.0), (P(o, k), -1.0)], 0.0)
-            impls = problem.ops[o].impls
+            impls = self.problem.ops[o].impls
             if any(impl.inputs != impls[0].inputs or not impl.runs for impl in impls):
-                raise ValueError(f"op {problem.ops[o].name!r} reruns, so all its options must read the same")
+                raise ValueError(f"op {self.problem.ops[o].name!r} reruns, so all its options must read the same")
             end = [(P(o, b), 1.0)]
             for j, impl in enumerate(impls):  # rerun time, as the op runs under the chosen option
-                for var, _ in both(end, option(o, j)):
-                    memory.add_time(var, impl.recompute_time)
+                self._rerun_times += [(var, impl.recompute_time) for var, _ in self._both(end, self._option(o, j))]
 
+    def _rerun_triggers(self) -> None:
+        """P[o,k] squeezed between the needs that trigger o by stage k: below by each, above by
+        their sum. A need is a dropped output read by the backward, or read by a rerun that needs it."""
+        milp, problem, P, op_win = self.milp, self.problem, self._P, self.window
+        tensors = problem.tensors
+        triggers: dict[tuple[int, int], list[int]] = {(o, k): [] for o, (a, b) in op_win.items()
+                                                       for k in range(a, b + 1)}
         for t, drop in self.drop.items():
             o = tensors[t].producer
             if o not in op_win:
                 continue
-            for k in sorted(stages.read_at.get(t, ())):
-                condition = reads_if(t, k)
-                (need, _), = both([(drop, 1.0)], condition)  # dropped, and read here
+            for k in sorted(self.stages.read_at.get(t, ())):
+                condition = self.reads_if(t, k)
+                (need, _), = self._both([(drop, 1.0)], condition)  # dropped, and read here
                 milp.add_row([(need, 1.0), (P(o, k), -1.0)], 0.0)
                 for later in range(k, op_win[o][1] + 1):
                     triggers[(o, later)].append(need)
@@ -167,7 +185,7 @@ class Compact(Formulation):
                     # c rerun by stage k with u dropped forces u's op by then.
                     milp.add_row([(P(c, k), 1.0), (self.drop[u], 1.0), (P(source, k), -1.0)], 1.0)
                     trigger = ([(P(c, k), 1.0)] if len(needed_outputs[source]) == 1  # its own row ties it to d[u]
-                               else both([(P(c, k), 1.0)], [(self.drop[u], 1.0)]))
+                               else self._both([(P(c, k), 1.0)], [(self.drop[u], 1.0)]))
                     triggers[(source, k)].append(trigger[0][0])
                     if k == b:  # past c's window P[c] keeps its last value, and so does this trigger
                         for later in range(b + 1, op_win[source][1] + 1):
@@ -175,41 +193,45 @@ class Compact(Formulation):
         for (o, k), trig in triggers.items():
             milp.add_row([(P(o, k), 1.0)] + [(v, -1.0) for v in trig], 0.0)
 
-        # Q[t,k]: t is still needed at stage k or later (read there, or read by a rerun there); it is
-        # a variable over t's window only, and before the window equals its first value.
-        needed: dict[int, int] = {}
-        surely: dict[int, int] = {}  # the last stage that reads t under every option (-1: none)
+    def _Q(self, t: int, k: int) -> int:
+        """Q[t,k]: a variable over t's window only; before the window it equals its first value."""
+        a = self.tensor_window[t][0]
+        return self._needed[t] + max(k, a) - a
 
-        def Q(t: int, k: int) -> int:
-            a = tensor_win[t][0]
-            return needed[t] + max(k, a) - a
-
-        for t, (a, b) in tensor_win.items():
-            needed[t] = milp.add_vars(b - a + 2, upper=1.0)  # Q[t,a..b+1]; Q[t,b+1] = 0
+    def _needs(self) -> None:
+        """Q[t,k]: t is still needed at stage k or later (read there, or read by a rerun there)."""
+        milp, stages, Q = self.milp, self.stages, self._Q
+        conditional = stages.read_only_under
+        self._needed: dict[int, int] = {}
+        self._surely: dict[int, int] = {}  # the last stage that reads t under every option (-1: none)
+        for t, (a, b) in self.tensor_window.items():
+            self._needed[t] = milp.add_vars(b - a + 2, upper=1.0)  # Q[t,a..b+1]; Q[t,b+1] = 0
             milp.fix(Q(t, b + 1), 0.0)
-            surely[t] = max((k for k in stages.read_at.get(t, ()) if (t, k) not in conditional), default=-1)
+            self._surely[t] = max((k for k in stages.read_at.get(t, ()) if (t, k) not in conditional), default=-1)
             for k in range(a, b + 1):
-                if k <= surely[t]:
+                if k <= self._surely[t]:
                     milp.fix(Q(t, k), 1.0)
                 else:
                     milp.add_row([(Q(t, k + 1), 1.0), (Q(t, k), -1.0)], 0.0)
                 if (t, k) in conditional:
-                    milp.add_row(reads_if(t, k) + [(Q(t, k), -1.0)], 0.0)
-            for c in (c for c in problem.readers[t] if c in op_win):
-                for k in range(op_win[c][0], op_win[c][1] + 1):  # c reruns at k, so t is needed at k
-                    milp.add_row(ran_here(c, k) + [(Q(t, k), -1.0)], 0.0)
+                    milp.add_row(self.reads_if(t, k) + [(Q(t, k), -1.0)], 0.0)
+            for c in (c for c in self.problem.readers[t] if c in self.window):
+                for k in range(self.window[c][0], self.window[c][1] + 1):  # c reruns at k, so t is needed at k
+                    milp.add_row(self._ran_here(c, k) + [(Q(t, k), -1.0)], 0.0)
 
-        # Stage k, entering: copies made before it that are still needed (the saved copy of a
-        # kept tensor, or a copy rerun in an earlier stage). Their bytes, summed, are held[k].
-        # Before t's op can have rerun and before t's window, only the saved copy can be held, and
-        # whether it is needed does not change: one term (1 - d[t], or max(0, Q[t,a] - d[t]) when
-        # no read is sure) counts it over those stages, gathered per stage by a running sum.
+    def _held(self) -> list[Terms]:
+        """Per stage k, entering: copies made before it that are still needed (the saved copy of a
+        kept tensor, or a copy rerun in an earlier stage), as terms of their bytes in memory units.
+        Before t's op can have rerun and before t's window, only the saved copy can be held, and
+        whether it is needed does not change: one term (1 - d[t], or max(0, Q[t,a] - d[t]) when
+        no read is sure) counts it over those stages, gathered per stage by a running sum."""
+        milp, stages, P, Q = self.milp, self.stages, self._P, self._Q
         held_terms: list[Terms] = [[] for _ in range(stages.count)]
         saved_from: list[Terms] = [[] for _ in range(stages.count + 1)]  # saved copies counted below stage k
-        for t, (a, b) in tensor_win.items():
-            o, size = tensors[t].producer, self.units(tensors[t].bytes)
-            pre = min(op_win[o][0] + 1 if o in op_win else b + 1, b + 1, max(a, surely[t] + 1))
-            if surely[t] >= a:
+        for t, (a, b) in self.tensor_window.items():
+            o, size = self.problem.tensors[t].producer, self.units(self.problem.tensors[t].bytes)
+            pre = min(self.window[o][0] + 1 if o in self.window else b + 1, b + 1, max(a, self._surely[t] + 1))
+            if self._surely[t] >= a:
                 saved_from[pre] += [(self.drop[t], -size), (self.one, size)]
             else:
                 h = milp.add_vars()
@@ -227,55 +249,56 @@ class Compact(Formulation):
             milp.add_row(below + saved_from[k + 1] + [(saved_before, -1.0)], 0.0)
             held_terms[k].append((saved_before, 1.0))
             below = [(saved_before, 1.0)]
+        return held_terms
 
-        def cost_rows(op_id: int, when: Terms) -> list[tuple[float, Terms]]:
-            """The outputs and workspace of running op `op_id` when `when` is 1, as (constant, terms)
-            per memory row (constants in bytes, terms in memory units). A rerun whose options cost
-            differently gets a row per option j that binds only when j is chosen:
-            size_j * (when + y_j - 1), with no product variable."""
-            sizes = stages.op_cost(problem.ops[op_id])
-            if when and len({size for _, size in sizes}) > 1:
-                return [(-size, [(v, c * self.units(size)) for v, c in when + option(op_id, j)])
-                        for j, size in sizes]
-            if when:
-                return [(0.0, [(v, c * self.units(sizes[0][1])) for v, c in when])]
-            constant, terms = 0.0, []
-            for j, size in sizes:
-                if j is None:
-                    constant += size
-                else:
-                    terms += [(v, c * self.units(size)) for v, c in option(op_id, j)]
-            return [(constant, terms)]
+    # ---- memory rows and objective -----------------------------------------
+    def _cost_rows(self, op_id: int, when: Terms) -> list[tuple[float, Terms]]:
+        """The outputs and workspace of running op `op_id` when `when` is 1, as (constant, terms)
+        per memory row (constants in bytes, terms in memory units). A rerun whose options cost
+        differently gets a row per option j that binds only when j is chosen:
+        size_j * (when + y_j - 1), with no product variable."""
+        sizes = self.stages.op_cost(self.problem.ops[op_id])
+        if when and len({size for _, size in sizes}) > 1:
+            return [(-size, [(v, c * self.units(size)) for v, c in when + self._option(op_id, j)])
+                    for j, size in sizes]
+        if when:
+            return [(0.0, [(v, c * self.units(sizes[0][1])) for v, c in when])]
+        constant, terms = 0.0, []
+        for j, size in sizes:
+            if j is None:
+                constant += size
+            else:
+                terms += [(v, c * self.units(size)) for v, c in self._option(op_id, j)]
+        return [(constant, terms)]
 
-        def kept_after(k: int, u: int, made: Terms) -> Terms:
-            """Made at stage k and still needed by backward op k or a later stage."""
-            if u not in tensor_win or k > tensor_win[u][1]:
-                return []
-            x = milp.add_vars()
-            if k in stages.read_at.get(u, ()):
-                condition = reads_if(u, k)
-                milp.add_row(made + condition + [(x, -1.0)], 1.0 if condition else 0.0)
-            milp.add_row(made + [(Q(u, k + 1), 1.0), (x, -1.0)], 1.0)
-            return [(x, 1.0)]
+    def needed_after(self, t: int, k: int) -> Terms:
+        return [(self._Q(t, k + 1), 1.0)]
 
-        candidates: list[list[int]] = [[] for _ in range(stages.count)]
-        for o, (a, b) in sorted(op_win.items()):
+    def _stage_rows(self, held: list[Terms]) -> None:
+        """Memory rows at every moment of every backward stage (see Formulation.add_stage)."""
+        candidates: list[list[int]] = [[] for _ in range(self.stages.count)]
+        for o, (a, b) in sorted(self.window.items()):
             for k in range(a, b + 1):
                 candidates[k].append(o)
-        for k in range(stages.count):
-            self.add_stage(k, held_terms[k], candidates[k], lambda o, k=k: ran_here(o, k),
-                           lambda u, made, k=k: kept_after(k, u, made), cost_rows)
+        for k in range(self.stages.count):
+            self.add_stage(k, held[k], candidates[k], lambda o, k=k: self._ran_here(o, k), self._cost_rows)
 
-        for fixed, optional, by_option in stages.forward_rows:
+    def _forward_rows(self) -> None:
+        """Memory rows at every forward op: what is live, less the saved tensors dropped."""
+        tensors = self.problem.tensors
+        for fixed, optional, by_option in self.stages.forward_rows:
             saved_bytes = sum(tensors[t].bytes for t in optional)
             terms = [(self.drop[t], -tensors[t].bytes) for t in optional]
-            terms += [(v, c * size) for o, j, size in by_option for v, c in option(o, j)]
-            memory.add(terms, fixed + saved_bytes)
+            terms += [(v, c * size) for o, j, size in by_option for v, c in self._option(o, j)]
+            self.memory.add(terms, fixed + saved_bytes)
 
-        # The forward and backward ops' own times, where they depend on an option.
-        for op in problem.ops:
+    def _objective(self) -> None:
+        """Rerun times, and the forward and backward ops' own times where they depend on an option."""
+        for var, seconds in self._rerun_times:
+            self.memory.add_time(var, seconds)
+        for op in self.problem.ops:
             for j, impl in enumerate(op.impls if op.choice else ()):
-                memory.add_time(self.option_var[(op.choice, j)], impl.time if impl.runs else 0.0)
+                self.memory.add_time(self.option_var[(op.choice, j)], impl.time if impl.runs else 0.0)
 
     def warm_start(self, dropped: frozenset[int], options: dict[str, str]) -> dict[int, float]:
         values = {var: float(t in dropped) for t, var in self.drop.items()}

@@ -22,6 +22,8 @@ class Formulation:
         """Memory rows bound the peak by `budget` bytes, or (None) minimise the peak."""
         self.problem = problem
         self.stages = Stages(problem, horizon)
+        # Where each droppable tensor can be needed, and where each op can rerun: stage ranges.
+        self.tensor_window, self.window = self.stages.windows
         self.milp = Milp()
         self.memory = MemoryLimit(self.milp, budget, max((t.bytes for t in problem.tensors), default=1))
         # Every row that sums bytes states them in memory units (a power of two bytes, so the
@@ -39,13 +41,34 @@ class Formulation:
         or bytes already divided by `units`), `fixed_bytes` in bytes."""
         self.memory.add([(v, c * self.unit) for v, c in terms], fixed_bytes)
 
+    def reads_if(self, t: int, k: int) -> Terms:
+        """Terms equal to 1 when backward op k reads t under the chosen option ([] when always)."""
+        return []
+
+    def needed_after(self, t: int, k: int) -> Terms:
+        """Terms equal to 1 when a copy of t made at stage k must outlive it ([] if never)."""
+        raise NotImplementedError
+
+    def kept_after(self, k: int, u: int, made: Terms) -> Terms:
+        """Terms equal to 1 when output u, made at stage k (`made`), is still needed after the
+        stage's reruns: by backward op k, or later ([] if never)."""
+        if u not in self.tensor_window or k > self.tensor_window[u][1]:
+            return []
+        milp = self.milp
+        x = milp.add_vars()
+        if k in self.stages.read_at.get(u, ()):
+            condition = self.reads_if(u, k)
+            milp.add_row(made + condition + [(x, -1.0)], 1.0 if condition else 0.0)
+        later = self.needed_after(u, k)
+        if later:
+            milp.add_row(made + later + [(x, -1.0)], 1.0)
+        return [(x, 1.0)]
+
     def add_stage(self, k: int, held: Terms, candidates: list[int], ran: Callable[[int], Terms],
-                  kept_after: Callable[[int, Terms], Terms],
                   cost: Callable[[int, Terms], list[tuple[float, Terms]]]) -> None:
         """Memory rows for every moment of stage k: each candidate rerun in forward order, then
         backward op k. `held`: bytes of copies made before the stage and still needed in it;
-        `ran(o)`: terms equal to 1 when o reruns here; `kept_after(u, made)`: terms equal to 1 when
-        output u, made here (`made`), must outlive the stage's reruns ([] if never);
+        `ran(o)`: terms equal to 1 when o reruns here;
         `cost(op, when)`: bytes of running an op (outputs and workspace), as (constant, terms) per
         memory row that must hold. `held` and `cost`'s terms are in memory units (see `units`),
         `cost`'s constants in bytes.
@@ -60,7 +83,7 @@ class Formulation:
         for i, o in enumerate(candidates):
             for u in problem.ops[o].outputs:
                 last = max((position[c] for c in problem.readers[u] if c in position), default=i)
-                releases[last].append((u, ran(o), kept_after(u, ran(o))))
+                releases[last].append((u, ran(o), self.kept_after(k, u, ran(o))))
         running: Terms = []
         for i, o in enumerate(candidates):
             for constant, terms in cost(o, ran(o)):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .formulation import Formulation
+from .formulation import Formulation, Terms
 from .problem import Problem
 
 
@@ -28,36 +28,49 @@ class General(Formulation):
 
     def __init__(self, problem: Problem, budget: int | None, horizon: int | None = None):
         super().__init__(problem, budget, horizon)
-        stages, milp, memory = self.stages, self.milp, self.memory
-        tensors = problem.tensors
-        tensor_win, op_win = stages.windows
-        self.saved = {t: milp.add_vars(binary=True) for t in sorted(tensor_win)}
+        self._variables()
+        self._presence()
+        self._carry()
+        self._forward_rows()
+        self._stage_rows()
+        self._objective()
+
+    def _variables(self) -> None:
+        """s[t], S[t,k] over t's window and R[o,k] over o's window."""
+        milp = self.milp
+        self.saved = {t: milp.add_vars(binary=True) for t in sorted(self.tensor_window)}
         self.held = {}
-        for t, (a, b) in sorted(tensor_win.items()):
+        for t, (a, b) in sorted(self.tensor_window.items()):
             first = milp.add_vars(b - a + 1, binary=True)
             self.held.update({(t, k): first + k - a for k in range(a, b + 1)})
         self.rerun = {}
-        for o, (a, b) in sorted(op_win.items()):
+        for o, (a, b) in sorted(self.window.items()):
             first = milp.add_vars(b - a + 1, binary=True)
             self.rerun.update({(o, k): first + k - a for k in range(a, b + 1)})
-            for k in range(a, b + 1):
-                memory.add_time(first + k - a, problem.ops[o].time)
 
-        def present(t: int, k: int) -> list[tuple[int, float]]:
-            terms = [(self.held[(t, k)], 1.0)]
-            if (tensors[t].producer, k) in self.rerun:
-                terms.append((self.rerun[(tensors[t].producer, k)], 1.0))
-            return terms
+    def _present(self, t: int, k: int) -> Terms:
+        """Terms that sum to at least 1 when t can be read at stage k: held, or rerun there."""
+        terms = [(self.held[(t, k)], 1.0)]
+        if (self.problem.tensors[t].producer, k) in self.rerun:
+            terms.append((self.rerun[(self.problem.tensors[t].producer, k)], 1.0))
+        return terms
 
+    def _presence(self) -> None:
+        """What backward op k, or a rerun R[o,k], reads is present at stage k."""
+        milp, problem = self.milp, self.problem
         for k, op in enumerate(problem.backward_ops):
             for t in op.inputs:
-                if t in tensor_win:
-                    milp.add_row([(c, -v) for c, v in present(t, k)], -1.0)
+                if t in self.tensor_window:
+                    milp.add_row([(c, -v) for c, v in self._present(t, k)], -1.0)
         for (o, k), var in self.rerun.items():
             for t in problem.ops[o].inputs:
-                if t in tensor_win:
-                    milp.add_row([(var, 1.0)] + [(c, -v) for c, v in present(t, k)], 0.0)
-        for t, (a, b) in tensor_win.items():
+                if t in self.tensor_window:
+                    milp.add_row([(var, 1.0)] + [(c, -v) for c, v in self._present(t, k)], 0.0)
+
+    def _carry(self) -> None:
+        """S[t,k+1] <= S[t,k] + R[op(t),k],  S[t,first] <= s[t]."""
+        milp, tensors = self.milp, self.problem.tensors
+        for t, (a, b) in self.tensor_window.items():
             milp.add_row([(self.held[(t, a)], 1.0), (self.saved[t], -1.0)], 0.0)
             for k in range(a, b):
                 terms = [(self.held[(t, k + 1)], 1.0), (self.held[(t, k)], -1.0)]
@@ -65,10 +78,25 @@ class General(Formulation):
                     terms.append((self.rerun[(tensors[t].producer, k)], -1.0))
                 milp.add_row(terms, 0.0)
 
-        for fixed, optional, _ in stages.forward_rows:
-            memory.add([(self.saved[t], tensors[t].bytes) for t in optional], fixed)
-        held: list[list[tuple[int, float]]] = [[] for _ in range(stages.count)]
-        for t, (a, b) in tensor_win.items():
+    def _forward_rows(self) -> None:
+        """Memory rows at every forward op, with the saved tensors made so far."""
+        tensors = self.problem.tensors
+        for fixed, optional, _ in self.stages.forward_rows:
+            self.memory.add([(self.saved[t], tensors[t].bytes) for t in optional], fixed)
+
+    def needed_after(self, t: int, k: int) -> Terms:
+        """Held into stage k + 1."""
+        return [(self.held[(t, k + 1)], 1.0)] if (t, k + 1) in self.held else []
+
+    def _cost(self, o: int, when: Terms) -> list[tuple[float, Terms]]:
+        (_, size), = self.stages.op_cost(self.problem.ops[o])  # resolved problems have no choices
+        return [(0.0, [(v, c * self.units(size)) for v, c in when]) if when else (size, [])]
+
+    def _stage_rows(self) -> None:
+        """Memory rows at every moment of every backward stage (see Formulation.add_stage)."""
+        stages, tensors = self.stages, self.problem.tensors
+        held: list[Terms] = [[] for _ in range(stages.count)]
+        for t, (a, b) in self.tensor_window.items():
             for k in range(a):
                 held[k].append((self.saved[t], self.units(tensors[t].bytes)))
             for k in range(a, b + 1):
@@ -76,25 +104,13 @@ class General(Formulation):
         candidates: list[list[int]] = [[] for _ in range(stages.count)]
         for o, k in sorted(self.rerun):
             candidates[k].append(o)
-
-        def kept_after(k: int, u: int, made: list[tuple[int, float]]) -> list[tuple[int, float]]:
-            """Made at stage k and read by backward op k, or held into stage k + 1."""
-            if u not in tensor_win or k > tensor_win[u][1]:
-                return []
-            x = milp.add_vars()
-            if k in stages.read_at.get(u, ()):
-                milp.add_row(made + [(x, -1.0)], 0.0)
-            if (u, k + 1) in self.held:
-                milp.add_row(made + [(self.held[(u, k + 1)], 1.0), (x, -1.0)], 1.0)
-            return [(x, 1.0)]
-
-        def cost(o: int, when: list[tuple[int, float]]) -> list[tuple[float, list[tuple[int, float]]]]:
-            (_, size), = stages.op_cost(problem.ops[o])  # resolved problems have no choices
-            return [(0.0, [(v, c * self.units(size)) for v, c in when]) if when else (size, [])]
-
         for k in range(stages.count):
-            self.add_stage(k, held[k], candidates[k], lambda o, k=k: [(self.rerun[(o, k)], 1.0)],
-                           lambda u, made, k=k: kept_after(k, u, made), cost)
+            self.add_stage(k, held[k], candidates[k], lambda o, k=k: [(self.rerun[(o, k)], 1.0)], self._cost)
+
+    def _objective(self) -> None:
+        """Each rerun's time."""
+        for (o, _), var in self.rerun.items():
+            self.memory.add_time(var, self.problem.ops[o].time)
 
     def reruns(self, values: np.ndarray) -> dict[int, list[int]]:
         by_stage: dict[int, list[int]] = {}
