@@ -12,6 +12,9 @@ can measure them side by side:
 - `chen-sqrt`, `checkmate`: those schedules of monet's problem, run by monet's runtime;
 - `monet-checkpointing`, `monet`: monet's ILP without and with operator alternatives.
 
+The four schedule competitors are the strategies of `monet.solver.strategies` by those names (the
+registry `monet pareto` sweeps); the others are not schedules and live here.
+
 A competitor that cannot be built (no schedule within the budget, a compiler failure) is an
 `Entry` without a module whose status says why.
 """
@@ -29,14 +32,16 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from benchmarks.models import BenchModel
-from monet.api import schedule_file, solve_traced
+from monet.api import schedule_file
 from monet.schedules import ScheduleFile
-from monet.solver import InfeasibleBudgetError, Problem, Schedule, SolverFailedError, checkmate, chen_sqrt
+from monet.solver import InfeasibleBudgetError, Problem, Schedule, SolverFailedError
+from monet.solver.strategies import STRATEGIES
 from monet.wrapper import MONeTWrapper
 
 FAMILIES = ("eager", "checkpoint-blocks", "checkpoint-sequential", "torch.compile", "chen-sqrt", "checkmate",
             "monet-checkpointing", "monet")
-BUDGETED = ("torch.compile", "checkmate", "monet-checkpointing", "monet")
+SCHEDULES = ("chen-sqrt", "checkmate", "monet-checkpointing", "monet")  # strategies of monet.solver.strategies
+BUDGETED = ("torch.compile", *(family for family in SCHEDULES if STRATEGIES[family].budgeted))
 
 
 @dataclass
@@ -104,26 +109,17 @@ def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int,
     starts = starts or {}
     shape = tuple(problem.meta["input"]["shape"])
     model_name = type(model).__name__
-    alone: dict[int, ScheduleFile] = {}  # checkpointing's schedule per budget: else where the joint search starts
+    alone: dict[int, Schedule] = {}  # checkpointing's schedule per budget: else where the joint search starts
 
-    def run(made: ScheduleFile) -> tuple[nn.Module, ScheduleFile]:
-        return MONeTWrapper(copy.deepcopy(model), made, shape), made
-
-    def solved(budget: int, implementations: bool) -> tuple[nn.Module, ScheduleFile]:
-        start = (starts.get(budget) or alone.get(budget)) if implementations else None
-        made = solve_traced(problem, budget, model_name, implementations=implementations, time_limit=time_limit,
-                            start=start)
-        if not implementations:
-            alone[budget] = made
-        return run(made)
-
-    def checkmated(budget: int) -> tuple[nn.Module, ScheduleFile]:
-        solution = checkmate(problem, budget, time_limit=time_limit)
-        return run(schedule_file(problem, solution.schedule, model_name, budget=budget, solver=solution.summary()))
-
-    def chen() -> tuple[nn.Module, ScheduleFile]:
-        return run(schedule_file(problem, chen_sqrt(problem), model_name, budget=full_peak,
-                                 solver={"formulation": "chen-sqrt", "status": "heuristic"}))
+    def planned(family: str, budget: int | None = None) -> tuple[nn.Module, ScheduleFile]:
+        """A schedule strategy of the solver's registry, run by monet's runtime."""
+        start = (starts.get(budget) or alone.get(budget)) if family == "monet" else None
+        made = STRATEGIES[family].run(problem, budget, time_limit=time_limit, start=start)
+        if family == "monet-checkpointing":
+            alone[budget] = made.schedule
+        file = schedule_file(problem, made.schedule, model_name, budget=full_peak if budget is None else budget,
+                             solver=made.solver)
+        return MONeTWrapper(copy.deepcopy(model), file, shape), file
 
     def sequential() -> tuple[nn.Module, None]:
         if bench.chain is None:
@@ -140,10 +136,7 @@ def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int,
         "checkpoint-blocks": blocks,
         "checkpoint-sequential": sequential,
         "torch.compile": lambda b: (compiled(copy.deepcopy(model), min(1.0, b / full_peak), example), None),
-        "chen-sqrt": chen,
-        "checkmate": checkmated,
-        "monet-checkpointing": lambda b: solved(b, False),
-        "monet": lambda b: solved(b, True),
+        **{family: functools.partial(planned, family) for family in SCHEDULES},
     }
     if unknown := [f for f in families if f not in makers]:
         raise ValueError(f"unknown competitors {unknown}; choose from {', '.join(FAMILIES)}")

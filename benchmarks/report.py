@@ -1,4 +1,5 @@
-"""Benchmark results as files: CSV, JSON, a markdown table and a Pareto plot per model.
+"""Benchmark results as files: CSV, JSON, a markdown table and a Pareto plot per model (written by
+monet.report, as `monet pareto`'s are).
 
 A row is one competitor at one budget, measured: peak memory (the project's meter) and median
 step time. For each monet row the table names the competitors that reached no higher a peak in
@@ -7,15 +8,12 @@ less time (`beaten by`), so that where monet is not the fastest at its peak the 
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import platform
 from pathlib import Path
 
 import torch
 
-from monet.schedules import write_atomic
+from monet.report import line_plot, markdown_table, write_report
 from monet.solver import format_bytes
 
 COLUMNS = ("competitor", "budget", "status", "predicted peak", "measured peak", "peak vs eager", "step",
@@ -46,23 +44,13 @@ def beaten_by(row: dict, rows: list[dict]) -> list[str]:
 
 def write_model(out_dir: Path, tag: str, header: dict, rows: list[dict]) -> list[Path]:
     """TAG.json (header and rows), TAG.csv (rows), TAG.md (table), TAG.png (Pareto plot)."""
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]), extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows({k: (";".join(v) if isinstance(v, list) else v) for k, v in r.items()} for r in rows)
-    return [write_atomic(out_dir / f"{tag}.json", json.dumps({**header, "rows": rows}, indent=1) + "\n"),
-            write_atomic(out_dir / f"{tag}.csv", text.getvalue()),
-            write_atomic(out_dir / f"{tag}.md", markdown(header, rows)),
-            write_atomic(out_dir / f"{tag}.png", plot(header, rows))]
+    return write_report(out_dir, tag, rows, markdown(header, rows), plot(header, rows), header=header)
 
 
 def markdown(header: dict, rows: list[dict]) -> str:
     eager = next((r for r in rows if r["competitor"] == "eager" and r.get("measured_peak")), None)
-    lines = [f"### {header['title']}", "", f"{header['machine']}. {header['settings']}", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for r in rows:
-        lines.append("| " + " | ".join(_cells(r, eager)) + " |")
-    return "\n".join(lines) + "\n"
+    return markdown_table(header["title"], COLUMNS, (_cells(r, eager) for r in rows),
+                          intro=f"{header['machine']}. {header['settings']}")
 
 
 def _cells(r: dict, eager: dict | None) -> list[str]:
@@ -81,25 +69,10 @@ def _cells(r: dict, eager: dict | None) -> list[str]:
 
 def plot(header: dict, rows: list[dict]) -> bytes:
     """Measured peak against measured step time, one line (or point) per competitor."""
-    import matplotlib
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
-    for family in dict.fromkeys(r["competitor"] for r in rows):
-        points = sorted((r["measured_peak"] / 2**20, r["step_time_s"] * 1e3) for r in rows
-                        if r["competitor"] == family and r.get("measured_peak") is not None)
-        if points:
-            ax.plot(*zip(*points, strict=True), marker="*" if family == "eager" else "o",
-                    markersize=12 if family == "eager" else 6, label=family)
-        else:
-            ax.plot([], [], label=f"{family}: none")
-    ax.set_xlabel("measured peak memory (MiB)")
-    ax.set_ylabel("median step time (ms)")
-    ax.set_title(header["title"], fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return buffer.getvalue()
+    lines = {family: [(r["measured_peak"] / 2**20, r["step_time_s"] * 1e3) for r in rows
+                      if r["competitor"] == family and r.get("measured_peak") is not None]
+             for family in dict.fromkeys(r["competitor"] for r in rows)}
+    return line_plot(lines, title=header["title"], xlabel="measured peak memory (MiB)",
+                     ylabel="median step time (ms)", figsize=(7.5, 4.8), empty="none", title_size=10,
+                     legend_size=8, style=lambda family: ({"marker": "*", "markersize": 12} if family == "eager"
+                                                          else {"marker": "o", "markersize": 6}))

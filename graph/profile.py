@@ -4,7 +4,8 @@ The graph runs node by node on real tensors (the model's parameters, a batch,
 random tangents), freeing each value after its last use as the runtime would.
 Workspace is what an op allocates beyond its outputs while it runs: on CPU from
 the allocator's events (torch.profiler with profile_memory), on CUDA from the
-caching allocator's peak. Time is the median of repeated runs after warm-up.
+caching allocator's peak, both read by graph.peak.DevicePeak (the meter PeakMemory
+uses). Time is the median of repeated runs after warm-up.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch._functorch._aot_autograd import descriptors as d
 from monet.solver import Problem
 
 from .analyze import GraphAnalysis, allocation_bytes
-from .cpu_allocator import allocator_events
+from .peak import DevicePeak
 
 OP_MARK = "monet.op:"
 
@@ -80,29 +81,13 @@ def run_graph(gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,
         _walk(gm, _inputs(gm, model, x, seed), lambda node, call: call(), after)
 
 
-def _cuda_peak(call: Callable[[], object], device: torch.device) -> tuple[object, int, int]:
-    """(result, peak bytes above the start, bytes still allocated at the end) of `call` on CUDA."""
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    result = call()
-    torch.cuda.synchronize(device)
-    return (result, torch.cuda.max_memory_allocated(device) - before,
-            torch.cuda.memory_allocated(device) - before)
-
-
 def measure_call(call: Callable[[], object], device: torch.device, *, repeats: int = 3,
                  warmup: int = 1) -> tuple[float, int, object]:
     """(median seconds, workspace bytes, result) of `call`; workspace as for graph ops."""
-    if device.type == "cuda":
-        result, peak, made = _cuda_peak(call, device)
-        workspace = peak - made
-    else:
-        with allocator_events() as events:
-            result = call()
-        workspace = events.peak_delta() - sum(events.deltas)
+    with DevicePeak(device) as meter:
+        result = call()
     seconds, _ = _median_time(call, device, repeats, warmup)
-    return seconds, max(0, workspace), result
+    return seconds, max(0, meter.rise - meter.made), result
 
 
 def _median_time(call: Callable[[], object], device: torch.device, repeats: int,
@@ -161,8 +146,9 @@ def _workspace(problem: Problem, gm, model, x, seed, device) -> dict[str, int]:
         def on_op(node, call):
             if node.name not in ops:
                 return call()
-            out, peak, _ = _cuda_peak(call, device)
-            result[node.name] = max(0, peak - new_bytes[node.name])
+            with DevicePeak(device) as meter:
+                out = call()
+            result[node.name] = max(0, meter.rise - new_bytes[node.name])
             return out
 
         _walk(gm, _inputs(gm, model, x, seed), on_op)
@@ -174,9 +160,9 @@ def _workspace(problem: Problem, gm, model, x, seed, device) -> dict[str, int]:
         with torch.profiler.record_function(OP_MARK + node.name):
             return call()
 
-    with allocator_events() as events:
+    with DevicePeak(device) as meter:
         _walk(gm, _inputs(gm, model, x, seed), marked)
-    for name, deltas in events.by_region(OP_MARK).items():
+    for name, deltas in meter.events.by_region(OP_MARK).items():
         peak, running = 0, 0
         for delta in deltas:
             running += allocation_bytes(delta, "cpu") if delta > 0 else delta

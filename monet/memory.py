@@ -1,5 +1,6 @@
 """The memory meter that tests and benchmarks use: peak bytes live during a block.
 
+Measured by graph.peak.DevicePeak, the meter the profiler measures op workspace with.
 CUDA: torch.cuda.max_memory_allocated, everything the caching allocator handed out.
 CPU: the bytes already resident when the block starts (parameters, buffers,
 gradients, the batch: whatever the caller names) plus the highest running sum
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from monet.graph.cpu_allocator import allocator_events
+from monet.graph.peak import DevicePeak
 
 
 def resident_bytes(*objects: nn.Module | torch.Tensor) -> int:
@@ -36,27 +37,19 @@ def resident_bytes(*objects: nn.Module | torch.Tensor) -> int:
 
 
 class PeakMemory:
-    """`with PeakMemory(device, resident) as m: ...` then `m.peak` is the peak in bytes."""
+    """`with PeakMemory(device, resident) as m: ...` then `m.peak` is the peak in bytes
+    (graph.peak.DevicePeak's reading: on CUDA the allocator's peak, on CPU `resident` plus its rise)."""
 
     def __init__(self, device: torch.device | str, resident: int = 0):
         self.device = torch.device(device)
         self.resident = resident
         self.peak: int | None = None
-        self._events = None
+        self._meter = DevicePeak(self.device)
 
     def __enter__(self) -> PeakMemory:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            self._events = allocator_events()
-            self._recorded = self._events.__enter__()
+        self._meter.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.peak = torch.cuda.max_memory_allocated(self.device)
-        else:
-            self._events.__exit__(*exc)
-            self.peak = self.resident + self._recorded.peak_delta()
+        self._meter.__exit__(*exc)
+        self.peak = self._meter.peak if self.device.type == "cuda" else self.resident + self._meter.rise

@@ -6,44 +6,19 @@ schedule replayed by the one simulator, so the lines compare like with like.
 
 from __future__ import annotations
 
-import csv
-import io
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from monet.schedules import write_atomic
-from monet.solver import InfeasibleBudgetError, Problem, Schedule, SolverFailedError, simulate, solve
-from monet.solver.baselines import STRATEGIES as BASELINES
-from monet.solver.checkmate import checkmate
+from monet.solver import InfeasibleBudgetError, Problem, SolverFailedError, simulate
+from monet.solver.strategies import STRATEGIES, check_strategies
 
 from .budget import parse_budget
+from .report import line_plot, write_report
+from .report import markdown_table as report_table
 
-# name -> (problem, budget or None, time limit) -> (schedule, status, gap or None).
-# Strategies that take no budget are run once, with budget None.
-Strategy = Callable[[Problem, int | None, float], tuple[Schedule, str, float | None]]
-
-
-def _solved(**settings) -> Strategy:
-    def run(problem: Problem, budget: int | None, time_limit: float):
-        solution = solve(problem, budget, time_limit=time_limit, **settings)
-        return solution.schedule, solution.status, solution.gap
-    return run
-
-
-def _checkmate(problem: Problem, budget: int | None, time_limit: float):
-    solution = checkmate(problem, budget, time_limit=time_limit)
-    return solution.schedule, solution.status, solution.gap
-
-
-STRATEGIES: dict[str, tuple[Strategy, bool]] = {  # name -> (strategy, takes a budget)
-    "monet": (_solved(), True),
-    "monet-checkpointing": (_solved(implementations=False), True),
-    "checkmate": (_checkmate, True),
-    **{name: (lambda p, b, _, run=run: (run(p, b), "heuristic", None), name == "chen-greedy")
-       for name, run in BASELINES.items()},
-}
+__all__ = ["STRATEGIES", "Point", "check_strategies", "parse_budget_range", "sweep", "title", "write_results"]
 
 
 @dataclass(frozen=True)
@@ -81,12 +56,6 @@ def title(meta: dict) -> str:
             f"{meta['cost_model']} costs")
 
 
-def check_strategies(strategies: Sequence[str]) -> None:
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown:
-        raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
-
-
 def sweep(problem: Problem, budgets: Sequence[int], strategies: Sequence[str], *, time_limit: float = 60.0,
           on_point: Callable[[Point], None] | None = None) -> list[Point]:
     """Every strategy at every budget (once, for strategies without one), replayed by the simulator."""
@@ -97,7 +66,8 @@ def sweep(problem: Problem, budgets: Sequence[int], strategies: Sequence[str], *
         for budget in budgets if budgeted else [None]:
             start = time.perf_counter()
             try:
-                schedule, status, gap = run(problem, budget, time_limit)
+                planned = run(problem, budget, time_limit=time_limit)
+                schedule, status, gap = planned.schedule, planned.status, planned.gap
             except (InfeasibleBudgetError, SolverFailedError, ValueError) as exc:
                 status = "infeasible" if isinstance(exc, InfeasibleBudgetError) else "no schedule"
                 point = Point(name, budget, None, None, status, None, time.perf_counter() - start)
@@ -127,50 +97,24 @@ def _rows(points: list[Point], unconstrained: tuple[int, float]) -> list[dict]:
 
 def write_results(points: list[Point], unconstrained: tuple[int, float], out_dir: str | Path, title: str) -> list[Path]:
     """pareto.csv, pareto.md and pareto.png in `out_dir` (each written atomically)."""
-    out_dir = Path(out_dir)
     rows = _rows(points, unconstrained)
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    return [write_atomic(out_dir / "pareto.csv", text.getvalue()),
-            write_atomic(out_dir / "pareto.md", markdown_table(rows, title)),
-            write_atomic(out_dir / "pareto.png", _plot(rows, title))]
+    return write_report(out_dir, "pareto", rows, markdown_table(rows, title), _plot(rows, title))
 
 
 def markdown_table(rows: list[dict], title: str) -> str:
     def pct(value, digits=1, scale=1):
         return "-" if value is None else f"{value * scale:.{digits}f} %"
 
-    lines = [f"### {title}", "", "| strategy | budget | peak | predicted overhead | gap | status | solve |",
-             "|---|---:|---:|---:|---:|---|---:|"]
-    for r in rows:
-        lines.append(f"| {r['strategy']} | {pct(r['budget_pct'], 0)} | {pct(r['peak_pct'])} | "
-                     f"{pct(r['overhead_pct'], 2)} | {pct(r['gap'], 2, 100)} | {r['status']} | "
-                     f"{r['solve_time']:.1f} s |")
-    return "\n".join(lines) + "\n"
+    return report_table(title, ("strategy", "budget", "peak", "predicted overhead", "gap", "status", "solve"),
+                        ([r["strategy"], pct(r["budget_pct"], 0), pct(r["peak_pct"]), pct(r["overhead_pct"], 2),
+                          pct(r["gap"], 2, 100), r["status"], f"{r['solve_time']:.1f} s"] for r in rows),
+                        align=("---", "---:", "---:", "---:", "---:", "---", "---:"))
 
 
 def _plot(rows: list[dict], title: str) -> bytes:
     """A PNG: predicted overhead against peak (both relative to keeping everything), a line per strategy."""
-    import matplotlib
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for name in dict.fromkeys(r["strategy"] for r in rows):
-        found = sorted((r["peak_pct"], r["overhead_pct"]) for r in rows
-                       if r["strategy"] == name and r["peak_pct"] is not None)
-        if found:
-            ax.plot(*zip(*found, strict=True), marker="o", label=name)
-        else:
-            ax.plot([], [], label=f"{name}: no schedule")
-    ax.set_xlabel("peak memory (% of keeping everything)")
-    ax.set_ylabel("predicted step time overhead (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return buffer.getvalue()
+    lines = {name: [(r["peak_pct"], r["overhead_pct"]) for r in rows
+                    if r["strategy"] == name and r["peak_pct"] is not None]
+             for name in dict.fromkeys(r["strategy"] for r in rows)}
+    return line_plot(lines, title=title, xlabel="peak memory (% of keeping everything)",
+                     ylabel="predicted step time overhead (%)", figsize=(7, 4.5), empty="no schedule")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from .heuristics import best_first_need, recompute_at_first_need, segment_cuts
 from .problem import PERSISTENT_ROLES, Op, Problem
 from .result import InfeasibleBudgetError, LeastPeak
-from .schedule import DROPPABLE_ROLES, Schedule, keep_all
+from .schedule import DROPPABLE_ROLES, Schedule
 from .stages import Stages
 
 
@@ -165,10 +165,3 @@ def _splits(steps: int, snapshots: int) -> list[list[int]]:
             t[length][s], split[length][s] = min((m + t[length - m][s - 1] + t[m][s], m) for m in range(1, length))
     return split
 
-
-# Budget-blind baselines ignore the budget: the caller compares the replayed peak with it.
-STRATEGIES: dict[str, Callable[[Problem, int | None], Schedule]] = {
-    "keep-all": lambda problem, budget: keep_all(problem),
-    "chen-sqrt": lambda problem, budget: chen_sqrt(problem),
-    "chen-greedy": chen_greedy,
-}

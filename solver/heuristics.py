@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .problem import Problem
 from .schedule import DROPPABLE_ROLES, Schedule
 from .simulate import Replay, simulate
-from .stages import Stages
+from .stages import Stages, last_forward_readers
 
 
 def recompute_at_first_need(problem: Problem, dropped: set[int] | frozenset[int]) -> Schedule:
@@ -47,10 +47,7 @@ def segment_cuts(problem: Problem) -> list[int]:
     """Forward tensors that alone carry the forward pass past their op: every later op reads,
     of earlier activations, only this one (a block output, in Chen et al.'s sense)."""
     tensors = problem.tensors
-    last_read: dict[int, int] = {}
-    for op in problem.forward_ops:
-        for t in op.inputs:
-            last_read[t] = op.id
+    last_read = last_forward_readers(problem, lambda op: op.inputs)
     cuts, crossing = [], set()
     for op in problem.forward_ops:
         crossing = {t for t in crossing if last_read.get(t, -1) > op.id}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .problem import PERSISTENT_ROLES, Problem
 from .schedule import Schedule, validate
+from .stages import last_forward_readers
 
 # Tensors nobody frees during the step once they exist.
 _HELD_ROLES = (*PERSISTENT_ROLES, "output", "grad")
@@ -60,10 +61,7 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
 
     # Forward: every op once; a tensor dies after its last forward reader unless saved.
     forward = [op for op in problem.forward_ops if impls[op.id].runs]
-    last_forward_read: dict[int, int] = {}
-    for op in forward:
-        for t in impls[op.id].inputs:
-            last_forward_read[t] = op.id
+    last_forward_read = last_forward_readers(problem, lambda op: impls[op.id].inputs if impls[op.id].runs else ())
     for op in forward:
         run(op.name, op, {})
         for t in (*impls[op.id].inputs, *op.outputs):

@@ -8,11 +8,23 @@ and the memory that no decision changes: at each forward op, and at each stage.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
-from .problem import Problem
+from .problem import Op, Problem
 from .schedule import DROPPABLE_ROLES
+
+
+def last_forward_readers(problem: Problem, reads: Callable[[Op], Iterable[int]]) -> dict[int, int]:
+    """For each tensor a forward op reads, the id of the last forward op that reads it, `reads(op)`
+    saying what each op reads (the simulator: under the schedule's options; the formulations: under
+    any option that runs; Chen's segment cuts: as PyTorch runs it)."""
+    last: dict[int, int] = {}
+    for op in problem.forward_ops:
+        for t in reads(op):
+            last[t] = op.id
+    return last
 
 
 def _hull(a: tuple[int, int] | None, b: tuple[int, int]) -> tuple[int, int]:
@@ -128,11 +140,7 @@ class Stages:
         A tensor made under some options only is always kept (its op does not rerun)."""
         p = self.problem
         tensor_win = self.windows[0]
-        last_read: dict[int, int] = {}
-        for op in p.forward_ops:
-            for impl in op.impls:
-                for t in impl.inputs if impl.runs else ():
-                    last_read[t] = op.id
+        last_read = last_forward_readers(p, lambda op: (t for impl in op.impls if impl.runs for t in impl.inputs))
         produced: list[int] = []
         rows = []
         for op in p.forward_ops:

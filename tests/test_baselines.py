@@ -8,8 +8,9 @@ import pytest
 from synthetic import _Builder, chain, random_dag, relu_chain
 
 from monet.solver import InfeasibleBudgetError, keep_all, simulate, solve, validate
-from monet.solver.baselines import STRATEGIES, chen_greedy, chen_sqrt, revolve, revolve_reruns
+from monet.solver.baselines import chen_greedy, chen_sqrt, revolve, revolve_reruns
 from monet.solver.milp import SLACK
+from monet.solver.strategies import BASELINES as STRATEGIES
 
 SIZE = 100  # bytes of every chain tensor
 

@@ -1,0 +1,85 @@
+"""Every way this project makes a schedule of a problem, by name, with one result type.
+
+`STRATEGIES[name].run(problem, budget, time_limit=..., **settings)` returns a `Planned`: the
+schedule, how it was found and what a schedule file records of it. Strategies that take no budget
+(`budgeted` False) ignore it; `monet pareto` and the benchmark's schedule competitors both draw
+from here, and the simulator judges every result alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .baselines import chen_greedy, chen_sqrt
+from .checkmate import checkmate
+from .problem import Problem
+from .result import Solution
+from .schedule import Schedule, keep_all
+from .solve import solve
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A strategy's schedule, its status ("optimal", "time_limit", "heuristic", ...), its proven gap
+    (None where no bound is claimed: the baselines) and `solver`, a schedule file's record of how it
+    was made ("formulation" and "status" at least)."""
+
+    schedule: Schedule
+    status: str
+    gap: float | None
+    solver: dict
+
+    @classmethod
+    def of(cls, solution: Solution, **record) -> Planned:
+        """A solver's Solution; `record` adds to its summary."""
+        return cls(solution.schedule, solution.status, solution.gap, {**solution.summary(), **record})
+
+
+class Strategy(NamedTuple):
+    """`run(problem, budget, *, time_limit, **settings)`; `budgeted`: whether it takes a budget
+    (else it runs once, with budget None)."""
+
+    run: Callable[..., Planned]
+    budgeted: bool
+
+
+def _monet(implementations: bool) -> Callable[..., Planned]:
+    def run(problem: Problem, budget: int, *, time_limit: float = 60.0, **settings) -> Planned:
+        solution = solve(problem, budget, implementations=implementations, time_limit=time_limit, **settings)
+        return Planned.of(solution, implementations=implementations,
+                          approximate_allowed=settings.get("allow_approximate", False))
+    return run
+
+
+def _checkmate(problem: Problem, budget: int, *, time_limit: float = 60.0, **_) -> Planned:
+    return Planned.of(checkmate(problem, budget, time_limit=time_limit))
+
+
+def _baseline(name: str, build: Callable[[Problem, int | None], Schedule]) -> Callable[..., Planned]:
+    def run(problem: Problem, budget: int | None = None, **_) -> Planned:
+        return Planned(build(problem, budget), "heuristic", None, {"formulation": name, "status": "heuristic"})
+    return run
+
+
+# Budget-blind baselines ignore the budget: the caller compares the replayed peak with it.
+BASELINES: dict[str, Callable[[Problem, int | None], Schedule]] = {
+    "keep-all": lambda problem, budget: keep_all(problem),
+    "chen-sqrt": lambda problem, budget: chen_sqrt(problem),
+    "chen-greedy": chen_greedy,
+}
+
+STRATEGIES: dict[str, Strategy] = {
+    "monet": Strategy(_monet(True), True),
+    "monet-checkpointing": Strategy(_monet(False), True),
+    "checkmate": Strategy(_checkmate, True),
+    **{name: Strategy(_baseline(name, build), name == "chen-greedy") for name, build in BASELINES.items()},
+}
+
+
+def check_strategies(strategies) -> None:
+    """Raises ValueError naming any strategy that is not in STRATEGIES."""
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
