@@ -27,7 +27,7 @@ recomputations of one tensor; the compact formulation that solves here rebuilds 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -148,9 +148,8 @@ def convert(inst) -> Converted:
                          for p, arg in enumerate(node.args)]
                 choice = path_choice.get(i)
             recomputable, phase = True, "backward"
-        first = impls[0]
-        ops.append(Op(i, name, node.op, phase, first.inputs, outputs, first.time, first.workspace,
-                      recomputable, first.runs, choice, tuple(impls[1:]) if choice else (), first.rerun_time))
+        ops.append(Op(i, name, node.op, phase, outputs, replace(impls[0], recomputable=recomputable), choice,
+                      tuple(impls[1:]) if choice else ()))
     meta = {"source": "MONeT instance", "model": inst.model, "batch": inst.batch, "budget_gb": inst.budget_gb,
             "time_unit_s": UNIT}
     problem = Problem(tensors, ops, meta, choices)

@@ -48,7 +48,9 @@ def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = 
         "cost_model": cost_model,
         "torch": torch.__version__.split("+")[0],
     }
-    ops = [dataclasses.replace(op, time=times[op.name], workspace=workspace[op.name]) for op in analysis.problem.ops]
+    ops = [dataclasses.replace(op, pytorch=dataclasses.replace(op.pytorch, time=times[op.name],
+                                                                workspace=workspace[op.name]))
+           for op in analysis.problem.ops]
     problem = Problem(analysis.problem.tensors, ops, meta)
     if not implementations:
         return problem

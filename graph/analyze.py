@@ -21,7 +21,7 @@ from torch._functorch._aot_autograd import descriptors as d
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from monet.errors import MonetError
-from monet.solver import Op, Problem, Tensor
+from monet.solver import Impl, Op, Problem, Tensor
 
 _INPUT_ROLES = {d.ParamAOTInput: "param", d.BufferAOTInput: "buffer", d.PlainAOTInput: "input",
                 d.TangentAOTInput: "tangent"}
@@ -177,8 +177,8 @@ def analyze(gm: torch.fx.GraphModule, num_fwd_outputs: int | None = None) -> Gra
         for i, t in enumerate(tensors)
     )
     ops = tuple(
-        Op(i, r["node"].name, _target_name(r["node"]), r["phase"], tuple(r["inputs"]), tuple(r["outputs"]),
-           time=0.0, workspace=0, recomputable=r["phase"] == "forward" and _recomputable(r["node"], mutated))
+        Op(i, r["node"].name, _target_name(r["node"]), r["phase"], tuple(r["outputs"]),
+           Impl(tuple(r["inputs"]), 0.0, recomputable=r["phase"] == "forward" and _recomputable(r["node"], mutated)))
         for i, r in enumerate(order)
     )
     fp = fingerprint(gm)

@@ -85,10 +85,10 @@ def add_choices(problem: Problem, specs: list[ChoiceSpec]) -> Problem:
         ops.append(replace(op, id=len(ops)))
         for spec, new in new_after.get(op.name, ()):
             (time, workspace, runs), *others = new.impls
-            ops.append(Op(len(ops), new.name, new.target, "forward", tuple(tensor_id[n] for n in new.inputs),
-                          tuple(tensor_id[o.name] for o in new.outputs), time, workspace, recomputable=False,
-                          runs=runs, choice=spec.name,
-                          others=tuple(Impl(tuple(tensor_id[n] for n in new.inputs), t, w, r) for t, w, r in others)))
+            inputs = tuple(tensor_id[n] for n in new.inputs)
+            ops.append(Op(len(ops), new.name, new.target, "forward", tuple(tensor_id[o.name] for o in new.outputs),
+                          Impl(inputs, time, workspace, runs, recomputable=False), spec.name,
+                          tuple(Impl(inputs, t, w, r) for t, w, r in others)))
     op_id = {op.name: op.id for op in ops}
     producer = {t: op.id for op in ops for t in op.outputs}
     tensors = [replace(t, producer=producer.get(t.id)) for t in tensors]

@@ -14,7 +14,7 @@ Execution model (shared by the simulator, the solvers and the runtime):
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 
 from monet.errors import MonetError
@@ -89,33 +89,40 @@ class Choice:
 
 @dataclass(frozen=True)
 class Op:
-    """One operator run: reads `inputs`, allocates `outputs`, takes `time` seconds
-    and `workspace` temporary bytes while it runs.
+    """One operator run: allocates `outputs`, and runs as `pytorch` says (reads its `inputs`,
+    takes its `time` seconds and `workspace` temporary bytes while it runs).
 
-    With a `choice`, those fields (and `runs`) describe the op under the choice's
-    first option and `others` under each further option; outputs never change.
+    With a `choice`, `pytorch` describes the op under the choice's first option and `others`
+    under each further option; outputs never change. An `others` entry whose `recomputable` is
+    None may rerun as `pytorch` says; `pytorch.recomputable` is True unless set.
     """
 
     id: int
     name: str
     target: str
     phase: str
-    inputs: tuple[int, ...]
     outputs: tuple[int, ...]
-    time: float
-    workspace: int = 0
-    recomputable: bool = True
-    runs: bool = True
+    pytorch: Impl
     choice: str | None = None
     others: tuple[Impl, ...] = ()
-    rerun_time: float | None = None
-    keeps: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.pytorch.recomputable is None:
+            object.__setattr__(self, "pytorch", replace(self.pytorch, recomputable=True))
+
+    # The op as PyTorch runs it (its choice's first option).
+    inputs = property(lambda self: self.pytorch.inputs)
+    time = property(lambda self: self.pytorch.time)
+    workspace = property(lambda self: self.pytorch.workspace)
+    runs = property(lambda self: self.pytorch.runs)
+    rerun_time = property(lambda self: self.pytorch.rerun_time)
+    keeps = property(lambda self: self.pytorch.keeps)
+    recomputable = property(lambda self: self.pytorch.recomputable)
 
     def impl(self, option: int = 0) -> Impl:
         """The op under option `option` of its choice (0: the first, PyTorch's)."""
         if option == 0:
-            return Impl(self.inputs, self.time, self.workspace, self.runs, self.rerun_time, self.keeps,
-                        self.recomputable)
+            return self.pytorch
         impl = self.others[option - 1]
         return impl if impl.recomputable is not None else replace(impl, recomputable=self.recomputable)
 
@@ -127,6 +134,31 @@ class Op:
     def may_rerun(self) -> bool:
         """Whether the backward may rerun it under some option (random ops only from a saved state)."""
         return any(impl.recomputable for impl in self.impls)
+
+    def to_dict(self) -> dict:
+        """As problem files write it: the `pytorch` fields beside the op's own."""
+        first = self.pytorch
+        return {"id": self.id, "name": self.name, "target": self.target, "phase": self.phase,
+                "inputs": first.inputs, "outputs": self.outputs, "time": first.time, "workspace": first.workspace,
+                "recomputable": first.recomputable, "runs": first.runs, "choice": self.choice,
+                "others": tuple(asdict(impl) for impl in self.others), "rerun_time": first.rerun_time,
+                "keeps": first.keeps}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Op:
+        """The inverse of `to_dict` (missing optional fields take their defaults)."""
+        first = {key: value for key, value in data.items() if key in _IMPL_FIELDS}
+        own = {key: value for key, value in data.items() if key not in _IMPL_FIELDS}
+        return cls(**{**own, "outputs": tuple(own["outputs"]),
+                      "others": tuple(_impl_from_dict(i) for i in own.get("others", ()))},
+                   pytorch=_impl_from_dict(first))
+
+
+_IMPL_FIELDS = frozenset(f.name for f in fields(Impl))
+
+
+def _impl_from_dict(data: dict) -> Impl:
+    return Impl(**{**data, "inputs": tuple(data["inputs"]), "keeps": tuple(data.get("keeps", ()))})
 
 
 class ProblemError(MonetError, ValueError):
@@ -259,8 +291,7 @@ class Problem:
                 chosen = self.choice_named[op.choice].options.index(options[op.choice])
                 impls = [impl if j == chosen else replace(impl, recomputable=False, keeps=(), rerun_time=None)
                          for j, impl in enumerate(op.impls)]
-                op = replace(op, recomputable=impls[0].recomputable, keeps=impls[0].keeps,
-                             rerun_time=impls[0].rerun_time, others=tuple(impls[1:]))
+                op = replace(op, pytorch=impls[0], others=tuple(impls[1:]))
             ops.append(op)
         return Problem(self.tensors, ops, self.meta, self.choices)
 
@@ -274,10 +305,9 @@ class Problem:
         oid = {op.id: i for i, op in enumerate(kept_ops)}
         tensors = [replace(t, id=tid[t.id], producer=None if t.producer is None else oid[t.producer])
                    for t in kept_tensors]
-        ops = [Op(oid[op.id], op.name, op.target, op.phase, tuple(tid[t] for t in runs[op.id].inputs),
-                  tuple(tid[t] for t in op.outputs), runs[op.id].time, runs[op.id].workspace,
-                  runs[op.id].recomputable,
-                  rerun_time=runs[op.id].rerun_time, keeps=tuple(tid[t] for t in runs[op.id].keeps))
+        ops = [Op(oid[op.id], op.name, op.target, op.phase, tuple(tid[t] for t in op.outputs),
+                  replace(runs[op.id], inputs=tuple(tid[t] for t in runs[op.id].inputs),
+                          keeps=tuple(tid[t] for t in runs[op.id].keeps)))
                for op in kept_ops]
         return Problem(tensors, ops, self.meta)
 
@@ -287,7 +317,7 @@ class Problem:
             "version": PROBLEM_VERSION,
             "meta": self.meta,
             "tensors": [asdict(t) for t in self.tensors],
-            "ops": [asdict(op) for op in self.ops],
+            "ops": [op.to_dict() for op in self.ops],
             "choices": [asdict(c) for c in self.choices],
         }
 
@@ -300,13 +330,7 @@ class Problem:
         try:
             tensors = [Tensor(**{**t, "shape": None if t.get("shape") is None else tuple(t["shape"])})
                        for t in data["tensors"]]
-            ops = [
-                Op(**{**op, "inputs": tuple(op["inputs"]), "outputs": tuple(op["outputs"]),
-                      "keeps": tuple(op.get("keeps", ())),
-                      "others": tuple(Impl(**{**i, "inputs": tuple(i["inputs"]), "keeps": tuple(i.get("keeps", ()))})
-                                      for i in op.get("others", ()))})
-                for op in data["ops"]
-            ]
+            ops = [Op.from_dict(op) for op in data["ops"]]
             choices = [Choice(c["name"], tuple(c["options"]), tuple(c.get("approximate", ())),
                               tuple(c.get("errors", ())))
                        for c in data.get("choices", ())]

@@ -23,8 +23,9 @@ class _Builder:
         """outputs: list of (name, bytes, role)."""
         op_id = len(self.ops)
         outs = tuple(self.tensor(n, b, r, op_id) for n, b, r in outputs)
-        self.ops.append(Op(op_id, name, f"test.{name}", phase, tuple(inputs), outs, time, workspace, recomputable,
-                           runs, choice, tuple(others)))
+        self.ops.append(Op(op_id, name, f"test.{name}", phase, outs, Impl(tuple(inputs), time, workspace, runs,
+                                                                          recomputable=recomputable),
+                           choice, tuple(others)))
         return op_id
 
     def problem(self) -> Problem:
@@ -142,7 +143,7 @@ def scaled(problem: Problem, factor: int) -> Problem:
     """`problem` with every tensor and workspace `factor` times larger (times and structure unchanged):
     a problem of GPU size from a small one."""
     tensors = [replace(t, bytes=t.bytes * factor) for t in problem.tensors]
-    ops = [replace(op, workspace=op.workspace * factor,
+    ops = [replace(op, pytorch=replace(op.pytorch, workspace=op.workspace * factor),
                    others=tuple(replace(impl, workspace=impl.workspace * factor) for impl in op.others))
            for op in problem.ops]
     return Problem(tensors, ops, problem.meta, problem.choices)

@@ -7,7 +7,7 @@ import sys
 import pytest
 from synthetic import chain, random_dag
 
-from monet.solver import Op, Problem, ProblemError, Tensor
+from monet.solver import Impl, Op, Problem, ProblemError, Tensor
 
 
 def test_json_round_trip_keeps_everything():
@@ -30,12 +30,12 @@ def test_malformed_problems_are_refused():
     a = Tensor(1, "a", 10, "activation", producer=0)
     with pytest.raises(ProblemError, match="before it exists"):
         Problem([x, a, Tensor(2, "b", 10, "activation", producer=1)],
-                [Op(0, "f", "t", "forward", (2,), (1,), 1.0), Op(1, "g", "t", "forward", (0,), (2,), 1.0)])
+                [Op(0, "f", "t", "forward", (1,), Impl((2,), 1.0)), Op(1, "g", "t", "forward", (2,), Impl((0,), 1.0))])
     with pytest.raises(ProblemError, match="unknown role"):
         Problem([Tensor(0, "x", 10, "weird")], [])
     with pytest.raises(ProblemError, match="comes after a backward op"):
         Problem([x, a, Tensor(2, "g", 10, "temp", producer=0)],
-                [Op(0, "b", "t", "backward", (0,), (2,), 1.0), Op(1, "f", "t", "forward", (0,), (1,), 1.0)])
+                [Op(0, "b", "t", "backward", (2,), Impl((0,), 1.0)), Op(1, "f", "t", "forward", (1,), Impl((0,), 1.0))])
     with pytest.raises(ProblemError, match="malformed"):
         Problem.from_dict({"version": 1, "tensors": [{"id": 0}], "ops": []})
 
