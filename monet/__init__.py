@@ -25,6 +25,7 @@ _EXPORTS = {
     "ProblemFileError": "monet.schedules",
     "load_problem": "monet.schedules",
     "InfeasibleBudgetError": "monet.solver",
+    "SolveSettings": "monet.solver",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from monet.schedules import ProblemFile, ScheduleFile, load_problem
-from monet.solver import Problem, Schedule, keep_all, simulate
+from monet.solver import Problem, Schedule, SolveSettings, keep_all, simulate
 from monet.solver import solve as solve_problem
+from monet.solver.options import settings_of
+from monet.solver.simulate import Replay
 from monet.solver.solve import Progress
 
 from .budget import parse_budget
@@ -43,12 +45,12 @@ def trace_problem(model: nn.Module, spec: InputSpec, *, cost_model: str = "measu
     return costed_problem(step, analysis, cost_model, implementations=implementations, progress=stage)
 
 
-def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | float, *,
-          input_dtype: str = "float32", input_requires_grad: bool = False, cost_model: str = "measured",
-          implementations: bool = True, allow_approximate: bool = False, options: dict[str, str] | None = None,
-          formulation: str = "auto", time_limit: float = 60.0, gap: float = 5e-3, horizon: int | None | str = "auto",
-          progress: Progress | None = None, solver_log: bool = False) -> ScheduleFile:
-    """The fastest schedule for training `model` on `input_shape` within `budget`.
+def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | float,
+          settings: SolveSettings | None = None, *, input_dtype: str = "float32", input_requires_grad: bool = False,
+          cost_model: str = "measured", progress: Progress | None = None, **changes) -> ScheduleFile:
+    """The fastest schedule for training `model` on `input_shape` within `budget`, solved as `settings`
+    (a SolveSettings; default: SolveSettings()) with `changes` to them as keyword arguments
+    (`monet.solve(model, shape, "50%", time_limit=10)`) say.
 
     `budget` is bytes, a size string ('4GiB') or a percentage of the unconstrained peak ('50%').
     With `implementations` the solver also chooses how ops run (ReLU/dropout masks, dropout
@@ -69,39 +71,38 @@ def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | floa
     """
     from monet.graph import InputSpec
 
+    settings = settings_of(settings, **changes)
     spec = InputSpec(tuple(input_shape), input_dtype, input_requires_grad)
-    problem = trace_problem(model, spec, cost_model=cost_model, implementations=implementations or bool(options),
-                            progress=progress)
-    return solve_traced(problem, budget, type(model).__name__, implementations=implementations,
-                        allow_approximate=allow_approximate, options=options, formulation=formulation,
-                        time_limit=time_limit, gap=gap, horizon=horizon, solver_log=solver_log, progress=progress)
+    problem = trace_problem(model, spec, cost_model=cost_model,
+                            implementations=settings.implementations or bool(settings.options), progress=progress)
+    return solve_traced(problem, budget, type(model).__name__, settings, progress=progress)
 
 
-def solve_traced(problem: Problem, budget: str | int | float, model_name: str, *, implementations: bool = True,
-                 allow_approximate: bool = False, options: dict[str, str] | None = None,
-                 formulation: str = "auto", time_limit: float = 60.0, gap: float = 5e-3,
-                 horizon: int | None | str = "auto", start: Schedule | ScheduleFile | None = None,
-                 solver_log: bool = False, progress: Progress | None = None) -> ScheduleFile:
+def solve_traced(problem: Problem, budget: str | int | float, model_name: str, settings: SolveSettings | None = None,
+                 *, start: Schedule | ScheduleFile | None = None, progress: Progress | None = None,
+                 **changes) -> ScheduleFile:
     """`solve` on an already traced and costed problem (to solve several variants of one);
     `start`, a schedule of the same problem (or its file), is a starting point the result is no slower than."""
+    settings = settings_of(settings, **changes)
     if isinstance(start, ScheduleFile):
         start = Schedule.from_dict(problem, {**start.schedule, "saved": list(start.schedule["saved"])})
     unconstrained = simulate(problem, keep_all(problem))
-    solution = solve_problem(problem, parse_budget(budget, unconstrained.peak), formulation=formulation,
-                             implementations=implementations, allow_approximate=allow_approximate,
-                             options=options, time_limit=time_limit, gap=gap, horizon=horizon,
-                             start=start, verbose=solver_log, progress=progress)
+    solution = solve_problem(problem, parse_budget(budget, unconstrained.peak), settings, start=start,
+                             progress=progress, unconstrained=unconstrained)
     return schedule_file(problem, solution.schedule, model_name, budget=int(solution.budget),
-                         solver={**solution.summary(), "implementations": implementations,
-                                 "approximate_allowed": allow_approximate})
+                         solver={**solution.summary(), "implementations": settings.implementations,
+                                 "approximate_allowed": settings.allow_approximate},
+                         replay=solution.replay, unconstrained=unconstrained)
 
 
-def schedule_file(problem: Problem, schedule: Schedule, model_name: str, *, budget: int,
-                  solver: dict) -> ScheduleFile:
+def schedule_file(problem: Problem, schedule: Schedule, model_name: str, *, budget: int, solver: dict,
+                  replay: Replay | None = None, unconstrained: Replay | None = None) -> ScheduleFile:
     """Any schedule of `problem` (the ILP's, or a baseline's: Chen, Checkmate) as a schedule file
-    that MONeTWrapper runs; `solver` says what made it ("formulation" and "status" at least)."""
-    unconstrained = simulate(problem, keep_all(problem))
-    replay = simulate(problem, schedule)
+    that MONeTWrapper runs; `solver` says what made it ("formulation" and "status" at least).
+    `replay` (of `schedule`) and `unconstrained` (of keep_all(problem)), where the caller has them,
+    spare simulating them again."""
+    unconstrained = simulate(problem, keep_all(problem)) if unconstrained is None else unconstrained
+    replay = simulate(problem, schedule) if replay is None else replay
     meta = problem.meta
     decisions = schedule.to_dict(problem)
     return ScheduleFile(
@@ -128,7 +129,7 @@ def profile(model: nn.Module, input_shape: Sequence[int], *, input_dtype: str = 
             progress: Progress | None = None) -> ProblemFile:
     """Trace and profile `model` at `input_shape` here (on the model's device), for solving later or
     elsewhere: `.save(path)` writes the problem file (`monet profile`), and `solve_problem_file`
-    solves it with `solve`'s options, without the model's code or torch. `implementations=False`
+    solves it with `solve`'s settings, without the model's code or torch. `implementations=False`
     profiles only what checkpointing needs (every op runs as in PyTorch)."""
     from monet.graph import InputSpec
 
@@ -137,18 +138,12 @@ def profile(model: nn.Module, input_shape: Sequence[int], *, input_dtype: str = 
     return ProblemFile(problem, implementations)
 
 
-def solve_problem_file(problem_file: ProblemFile | str | os.PathLike, budget: str | int | float, *,
-                       implementations: bool = True, allow_approximate: bool = False,
-                       options: dict[str, str] | None = None, formulation: str = "auto", time_limit: float = 60.0,
-                       gap: float = 5e-3, horizon: int | None | str = "auto",
-                       start: Schedule | ScheduleFile | None = None, solver_log: bool = False,
-                       progress: Progress | None = None) -> ScheduleFile:
+def solve_problem_file(problem_file: ProblemFile | str | os.PathLike, budget: str | int | float,
+                       settings: SolveSettings | None = None, *, start: Schedule | ScheduleFile | None = None,
+                       progress: Progress | None = None, **changes) -> ScheduleFile:
     """`solve` on a profiled problem (a ProblemFile, or the path of one that `profile` or `monet profile`
-    wrote): the same options, the same schedule file (its solver record names the problem's digest),
+    wrote): the same settings, the same schedule file (its solver record names the problem's digest),
     which MONeTWrapper runs on the model the problem was profiled from. Needs neither the model nor torch."""
     made = problem_file if isinstance(problem_file, ProblemFile) else load_problem(problem_file)
-    schedule = solve_traced(made.problem, budget, made.model, implementations=implementations,
-                            allow_approximate=allow_approximate, options=options, formulation=formulation,
-                            time_limit=time_limit, gap=gap, horizon=horizon, start=start, solver_log=solver_log,
-                            progress=progress)
+    schedule = solve_traced(made.problem, budget, made.model, settings, start=start, progress=progress, **changes)
     return dataclasses.replace(schedule, solver={**schedule.solver, "problem": made.digest})

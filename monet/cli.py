@@ -28,7 +28,7 @@ from monet.schedules import (
     load_problem,
     load_schedule,
 )
-from monet.solver import FORMULATIONS, format_bytes, keep_all, simulate
+from monet.solver import FORMULATIONS, InfeasibleBudgetError, SolveSettings, format_bytes, keep_all, simulate
 
 from .budget import parse_budget
 from .catalog import BUNDLED, check_model_name, input_dtype, load_model
@@ -63,28 +63,60 @@ def _horizon(text: str) -> int | None | str:
     return int(text)
 
 
-def _solve_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cost-model", choices=COST_MODELS, default="measured",
+DEFAULT = SolveSettings()  # every solver setting's default, written once (monet.solver.options)
+
+
+def _cost_model_option(parser: argparse.ArgumentParser, default: str | None = "measured") -> None:
+    """--cost-model; `default` None where it is filled in once the command knows it traces (see _model_or_problem)."""
+    parser.add_argument("--cost-model", choices=COST_MODELS, default=default,
                         help="op times: measured on this machine, or analytic (from FLOPs and bytes; "
                              "deterministic). Workspace is measured either way. Default: measured")
-    parser.add_argument("--formulation", choices=FORMULATIONS, default="auto",
+
+
+def _settings_options(parser: argparse.ArgumentParser, *, time_limit_help: str = "solver time limit; the best "
+                      "schedule found by then is returned", only_time_limit: bool = False) -> None:
+    """The flags of SolveSettings's fields, their defaults read from it; `_settings` reads them back."""
+    parser.add_argument("--time-limit", type=float, default=DEFAULT.time_limit, metavar="SECONDS",
+                        help=f"{time_limit_help}. Default: {DEFAULT.time_limit:g}")
+    if only_time_limit:
+        return
+    parser.add_argument("--formulation", choices=FORMULATIONS, default=DEFAULT.formulation,
                         help="compact: each tensor recomputed at most once (scales); general: any number "
                              "of times (lower budgets, small graphs, no implementation choices); auto: general "
-                             "for small graphs with nothing else to choose, else compact. Default: auto")
-    parser.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
-                        help="solver time limit; the best schedule found by then is returned. Default: 60")
-    parser.add_argument("--gap", type=float, default=0.5, metavar="PERCENT",
+                             "for small graphs with nothing else to choose, else compact. "
+                             f"Default: {DEFAULT.formulation}")
+    parser.add_argument("--gap", type=float, default=DEFAULT.gap * 100, metavar="PERCENT",
                         help="stop once the predicted step time is proven within this %% of the best possible "
-                             "in the formulation. Default: 0.5")
-    parser.add_argument("--horizon", type=_horizon, default="auto",
+                             f"in the formulation. Default: {DEFAULT.gap * 100:g}")
+    parser.add_argument("--horizon", type=_horizon, default=DEFAULT.horizon,
                         help="how many backward stages ahead of its use an op may rerun: a number, 'none' "
-                             "(unbounded) or 'auto' (as long as the graph's size allows). Default: auto")
+                             f"(unbounded) or 'auto' (as long as the graph's size allows). Default: {DEFAULT.horizon}")
     parser.add_argument("--solver-log", action="store_true", help="show HiGHS's log while solving")
     parser.add_argument("--checkpointing-only", action="store_true",
                         help="only choose what to keep and recompute; run every op as PyTorch does")
     parser.add_argument("--allow-approximate", action="store_true",
                         help="also consider options that change gradients slightly (2-bit GELU derivative, "
                              "other convolution algorithms); their measured error is recorded in the schedule")
+
+
+def _settings(args) -> SolveSettings:
+    """The SolveSettings that the command line gives (what _settings_options added; the rest default)."""
+    given = {"time_limit": args.time_limit}
+    if hasattr(args, "formulation"):
+        given.update(formulation=args.formulation, gap=args.gap / 100, horizon=args.horizon,
+                     solver_log=args.solver_log, implementations=not args.checkpointing_only,
+                     allow_approximate=args.allow_approximate)
+    return SolveSettings(**given)
+
+
+def _solve_options(parser: argparse.ArgumentParser) -> None:
+    _cost_model_option(parser)
+    _settings_options(parser)
+
+
+# InfeasibleBudgetError's alternatives (SolveSettings fields), as this command's flags say them
+_FLAG_HINTS = {"formulation": "--formulation general, which recomputes more than once",
+               "horizon": "a longer --horizon"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -130,10 +162,8 @@ def _parser() -> argparse.ArgumentParser:
                              "Default: %(default)s")
     pareto.add_argument("--strategies", default=",".join(STRATEGIES),
                         help="comma-separated, from: " + ", ".join(STRATEGIES) + ". Default: all")
-    pareto.add_argument("--cost-model", choices=COST_MODELS,
-                        help="op times: measured here, or analytic (deterministic). Default: measured")
-    pareto.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
-                        help="time limit of each solver run. Default: 60")
+    _cost_model_option(pareto, None)  # "measured" with MODEL (see _model_or_problem); --problem has its own
+    _settings_options(pareto, time_limit_help="time limit of each solver run", only_time_limit=True)
     pareto.add_argument("--device", help="device to trace and profile on. Default: cpu")
     pareto.add_argument("-o", "--output", default="pareto", help="folder for pareto.csv, .md and .png. "
                         "Default: %(default)s")
@@ -147,9 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     profile_p.add_argument("--input-requires-grad", action="store_true",
                            help="the input needs a gradient too (costs memory)")
     profile_p.add_argument("--device", default="cpu", help="device to trace and profile on. Default: cpu")
-    profile_p.add_argument("--cost-model", choices=COST_MODELS, default="measured",
-                           help="op times: measured on this machine, or analytic (from FLOPs and bytes; "
-                                "deterministic). Workspace is measured either way. Default: measured")
+    _cost_model_option(profile_p)
     profile_p.add_argument("--checkpointing-only", action="store_true",
                            help="profile only what checkpointing needs; every op runs as in PyTorch")
 
@@ -166,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             return {"demo": _demo, "solve": _solve, "pareto": _pareto, "inspect": _inspect,
                     "profile": _profile}[args.command](args)
         except (MonetError, ValueError) as exc:
-            err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)  # paths stay whole
+            text = exc.message(_FLAG_HINTS) if isinstance(exc, InfeasibleBudgetError) else str(exc)
+            err.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True)  # paths stay whole
             return 2
         except KeyboardInterrupt:  # Ctrl-C: one line, status 130, nothing written
             return interrupted(err)
@@ -235,7 +264,7 @@ def _solve(args) -> int:
     if args.ablation and args.checkpointing_only:
         raise ValueError("--ablation compares with --checkpointing-only; give one of them")
     _check(args)
-    from monet.solver import InfeasibleBudgetError, SolverFailedError
+    from monet.solver import SolverFailedError
 
     from .api import solve_problem_file, solve_traced, trace_problem
 
@@ -244,28 +273,25 @@ def _solve(args) -> int:
     else:
         model, spec = _load(args)
         name = type(model).__name__
-    settings = dict(allow_approximate=args.allow_approximate, formulation=args.formulation,
-                    time_limit=args.time_limit, gap=args.gap / 100, horizon=args.horizon,
-                    solver_log=args.solver_log)
+    settings = _settings(args)
     with _progress() as progress:
         if args.problem:
-            def solve_it(**options) -> ScheduleFile:
-                return solve_problem_file(made, args.budget, **options)
+            def solve_it(settings: SolveSettings, **call) -> ScheduleFile:
+                return solve_problem_file(made, args.budget, settings, **call)
         else:
             problem = trace_problem(model, spec, cost_model=args.cost_model,
-                                    implementations=not args.checkpointing_only, progress=progress)
+                                    implementations=settings.implementations, progress=progress)
 
-            def solve_it(**options) -> ScheduleFile:
-                return solve_traced(problem, args.budget, name, **options)
+            def solve_it(settings: SolveSettings, **call) -> ScheduleFile:
+                return solve_traced(problem, args.budget, name, settings, **call)
         alone = None
         if args.ablation:  # checkpointing alone first: the joint search starts from its schedule
             try:
-                alone = solve_it(implementations=False, **settings,
+                alone = solve_it(settings.but(implementations=False),
                                  progress=lambda stage, *state: progress(f"(ablation) {stage}", *state))
             except (InfeasibleBudgetError, SolverFailedError) as exc:
                 alone = exc
-        schedule = solve_it(implementations=not args.checkpointing_only,
-                            start=alone if isinstance(alone, ScheduleFile) else None, **settings, progress=progress)
+        schedule = solve_it(settings, start=alone if isinstance(alone, ScheduleFile) else None, progress=progress)
     path = _save(schedule, args.output)
     _print_summary(schedule)
     if args.ablation:
@@ -341,7 +367,7 @@ def _pareto(args) -> int:
             done.append(point)
             progress(f"sweeping ({point.strategy})", len(done), runs)
 
-        points = sweep(problem, budgets, strategies, time_limit=args.time_limit, on_point=on_point)
+        points = sweep(problem, budgets, strategies, time_limit=_settings(args).time_limit, on_point=on_point)
     heading = title(problem.meta)
     paths = write_results(points, (full.peak, full.time), args.output, heading)
     table = Table(title=heading, box=box.SIMPLE_HEAD)
@@ -457,9 +483,8 @@ def _demo(args) -> int:
     for budget in ("100%", args.budget):
         run_model = copy.deepcopy(model)
         with _progress() as progress:
-            schedule = solve(run_model, shape, budget, cost_model=args.cost_model, formulation=args.formulation,
-                             time_limit=args.time_limit, gap=args.gap / 100, horizon=args.horizon,
-                             progress=progress, solver_log=args.solver_log)
+            schedule = solve(run_model, shape, budget, _settings(args), cost_model=args.cost_model,
+                             progress=progress)
         runs[f"monet {budget}"] = (MONeTWrapper(run_model, schedule, shape), schedule)
     stats = compare_training({name: module for name, (module, _) in runs.items()}, x, loss, args.steps)
     rows = [(name, schedule, stats[name], schedule.solver["solve_time_s"] if schedule else None)

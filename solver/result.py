@@ -37,15 +37,25 @@ class InfeasibleBudgetError(MonetError, ValueError):
             detail = f"cannot be met: the least peak found is {format_bytes(least.found)} ({least.found} bytes)"
             if least.bound > 0:
                 detail += f", and no schedule{within} peaks below {format_bytes(least.bound)}"
-        hint = ""
-        if formulation == "compact":
-            hint = " or try --formulation general, which recomputes more than once"
-            hint += ", or a longer --horizon" if least.horizon is not None else ""
+        # settings that may reach a lower peak (SolveSettings fields), said as HINTS says them
+        self.alternatives = (("formulation", "horizon") if least.horizon is not None else ("formulation",)) \
+            if formulation == "compact" else ()
         sure = ""
         if least.sure is not None and least.sure > least.found:
             sure = (f" (from {format_bytes(least.sure)} up a heuristic schedule fits, which the search starts "
                     "from, so a schedule is sure there)")
-        super().__init__(f"budget {format_bytes(budget)} {detail}; raise the budget to at least that{sure}{hint}")
+        self.reason = f"budget {format_bytes(budget)} {detail}; raise the budget to at least that{sure}"
+        super().__init__(self.message(self.HINTS))
+
+    # how the library says each alternative; the CLI says them as its flags
+    HINTS = {"formulation": "the general formulation (formulation='general'), which recomputes more than once",
+             "horizon": "a longer horizon"}
+
+    def message(self, hints: dict[str, str]) -> str:
+        """The error, with the alternatives said as `hints` (setting -> words) say them."""
+        if not self.alternatives:
+            return self.reason
+        return f"{self.reason} or try " + ", or ".join(hints[name] for name in self.alternatives)
 
 
 class SolverFailedError(MonetError, RuntimeError):

@@ -12,10 +12,11 @@ from .compact import Compact
 from .formulation import Formulation
 from .general import General
 from .heuristics import Start, lean_options, warm_starts
+from .options import SolveSettings, settings_of
 from .problem import Problem
 from .result import InfeasibleBudgetError, LeastPeak, Solution, SolverFailedError, format_bytes
 from .schedule import Schedule, keep_all
-from .simulate import simulate
+from .simulate import Replay, simulate
 from .stages import Stages
 
 FORMULATIONS = ("auto", "compact", "general")
@@ -42,11 +43,11 @@ def auto_horizon(problem: Problem) -> int | None:
     return HORIZONS[-1]
 
 
-def _pose(problem: Problem, formulation: str, implementations: bool, allow_approximate: bool,
-          options: dict[str, str] | None) -> tuple[str, Problem, dict[str, str]]:
+def _pose(problem: Problem, settings: SolveSettings) -> tuple[str, Problem, dict[str, str]]:
     """(formulation, the problem it is posed on, fixed options). The general formulation does not
-    choose implementations: it solves the problem as PyTorch runs it, or as `options` fix."""
-    fixed = dict(options or {})
+    choose implementations: it solves the problem as PyTorch runs it, or as `settings.options` fix."""
+    formulation = settings.formulation
+    fixed = dict(settings.options or {})
     unknown = [c for c in fixed if c not in problem.choice_named]
     if unknown:
         raise ValueError(f"unknown choices {unknown[:3]}: this problem's choices are named like "
@@ -55,11 +56,11 @@ def _pose(problem: Problem, formulation: str, implementations: bool, allow_appro
         choice = problem.choice_named[name]
         if option not in choice.options:
             raise ValueError(f"choice {name!r} has no option {option!r}; its options are {list(choice.options)}")
-        if option in choice.approximate and not allow_approximate:
+        if option in choice.approximate and not settings.allow_approximate:
             raise ValueError(f"option {option!r} of {name!r} changes gradients; allow approximate options to use it")
     if formulation not in FORMULATIONS:
         raise ValueError(f"formulation {formulation!r} is not one of {', '.join(FORMULATIONS)}")
-    if not implementations:
+    if not settings.implementations:
         fixed = {c.name: fixed.get(c.name, c.options[0]) for c in problem.choices}
     if formulation == "auto":
         choosing = len(fixed) < len(problem.choices)
@@ -70,7 +71,7 @@ def _pose(problem: Problem, formulation: str, implementations: bool, allow_appro
 def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]], horizon: int | None | str,
            report: Callable[[float, float | None, str], None] = lambda *_: None,
            incumbent: Schedule | None = None) -> tuple[int | None, Start | None]:
-    """The horizon to pose the model with, and the heuristic schedule to start from (see warm_starts).
+    """The horizon to pose the formulation with, and the heuristic schedule to start from (see warm_starts).
     An "auto" horizon that admits no heuristic schedule within the budget is lengthened until one does,
     and then until it admits `incumbent` (the best schedule so far, of `posed`'s ids: a longer solve
     starts from it). `report(done, total, detail)` hears of each horizon tried."""
@@ -99,18 +100,19 @@ def _horizon_text(horizon: int | None) -> str:
     return "reruns at any distance" if horizon is None else f"reruns at most {horizon} stages ahead"
 
 
-def _model(formulation: str, posed: Problem, budget: int | None, allow_approximate: bool, fixed: dict[str, str],
-           horizon: int | None) -> Formulation:
-    if formulation == "compact":
-        return Compact(posed, budget, allow_approximate=allow_approximate, options=fixed, horizon=horizon)
+def _formulate(kind: str, posed: Problem, budget: int | None, settings: SolveSettings, fixed: dict[str, str],
+               horizon: int | None) -> Formulation:
+    """The `kind` formulation ("compact" or "general") of `posed` within `budget` (None: the least peak)."""
+    if kind == "compact":
+        return Compact(posed, budget, allow_approximate=settings.allow_approximate, options=fixed, horizon=horizon)
     return General(posed, budget, horizon)
 
 
-def solve(problem: Problem, budget: int, *, formulation: str = "auto", implementations: bool = True,
-          allow_approximate: bool = False, options: dict[str, str] | None = None, time_limit: float = 60.0,
-          gap: float = 5e-3, horizon: int | None | str | list = "auto", start: Schedule | None = None, seed: int = 0,
-          verbose: bool = False, progress: Progress | None = None) -> Solution:
-    """The fastest schedule whose replayed peak stays within `budget` bytes.
+def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, *, start: Schedule | None = None,
+          progress: Progress | None = None, unconstrained: Replay | None = None, **changes) -> Solution:
+    """The fastest schedule whose replayed peak stays within `budget` bytes, solved as `settings`
+    (a SolveSettings; default: SolveSettings()) say, with `changes` to them as keyword arguments
+    (`solve(problem, budget, time_limit=10)`).
 
     `implementations` lets the solver choose how ops run (the problem's choices) jointly with
     what to keep; off, every choice takes its first option (checkpointing alone). Options that
@@ -138,31 +140,34 @@ def solve(problem: Problem, budget: int, *, formulation: str = "auto", implement
     the least peak) when no schedule of the formulation fits, and SolverFailedError when time runs
     out before any schedule is found (stating the least peak found, a budget from which a schedule
     is sure, and that more time may help; finding these takes up to another `time_limit`).
-    `verbose` shows HiGHS's log; `progress` (see Progress) hears what the solver is doing.
+    `solver_log` shows HiGHS's log; `progress` (see Progress) hears what the solver is doing.
+    `unconstrained`, the replay of keep_all(problem) where the caller has it, spares simulating it again.
     Ctrl-C (KeyboardInterrupt) stops the solver within a second.
     """
-    if isinstance(horizon, (list, tuple)):
-        return _ladder(problem, budget, formulation, implementations, allow_approximate, options, time_limit, gap,
-                       list(horizon), start, seed, verbose, progress or _quiet)
-    return _solve(problem, budget, formulation, implementations, allow_approximate, options, time_limit, gap,
-                  horizon, start, seed, verbose, explain=True, progress=progress or _quiet)
+    settings = settings_of(settings, **changes)
+    baseline = keep_all(problem, settings.options)
+    baseline = (baseline, unconstrained if unconstrained is not None and not settings.options
+                else simulate(problem, baseline))
+    if isinstance(settings.horizon, (list, tuple)):
+        return _ladder(problem, budget, settings, start, progress or _quiet, baseline)
+    return _solve(problem, budget, settings, start, progress or _quiet, baseline, explain=True)
 
 
-def _ladder(problem: Problem, budget: int, formulation: str, implementations: bool, allow_approximate: bool,
-            options: dict[str, str] | None, time_limit: float, gap: float, horizons: list, start: Schedule | None,
-            seed: int, verbose: bool, progress: Progress) -> Solution:
-    """`solve` at each of `horizons` in turn, each started from the best schedule so far; the last
-    solution, which is no slower than any before it."""
+def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
+            baseline: tuple[Schedule, Replay]) -> Solution:
+    """`solve` at each of `settings.horizon`'s horizons in turn, each started from the best schedule so
+    far; the last solution, which is no slower than any before it."""
+    horizons = list(settings.horizon)
     if not horizons:
         raise ValueError("a list of horizons must name at least one")
     began, best, warnings = time.perf_counter(), None, []
     for i, horizon in enumerate(horizons):
-        share = (time_limit - (time.perf_counter() - began)) / (len(horizons) - i)
+        share = (settings.time_limit - (time.perf_counter() - began)) / (len(horizons) - i)
         last = i == len(horizons) - 1
         try:
-            solution = _solve(problem, budget, formulation, implementations, allow_approximate, options,
-                              max(1.0, share), gap, horizon, best.schedule if best else start, seed, verbose,
-                              explain=last, progress=progress, label=f"{_horizon_text(horizon)}: ")
+            solution = _solve(problem, budget, settings.but(time_limit=max(1.0, share), horizon=horizon),
+                              best.schedule if best else start, progress, baseline, explain=last,
+                              label=f"{_horizon_text(horizon)}: ")
         except (_NoSchedule, SolverFailedError):
             if not last or best is not None:
                 continue
@@ -179,28 +184,26 @@ class _NoSchedule(Exception):
     """The formulation proved the budget infeasible (not explained: no least-peak search)."""
 
 
-def _solve(problem: Problem, budget: int, formulation: str, implementations: bool, allow_approximate: bool,
-           options: dict[str, str] | None, time_limit: float, gap: float, horizon: int | None | str,
-           start: Schedule | None, seed: int, verbose: bool, *, explain: bool, progress: Progress,
-           label: str = "") -> Solution:
-    """`solve`; an infeasible budget raises InfeasibleBudgetError stating the least peak when
-    `explain`, else _NoSchedule at once. Stages are reported to `progress` named after `label`."""
+def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
+           baseline: tuple[Schedule, Replay], *, explain: bool, label: str = "") -> Solution:
+    """`solve` at one horizon; `baseline` is keep_all(problem, settings.options) and its replay. An
+    infeasible budget raises InfeasibleBudgetError stating the least peak when `explain`, else
+    _NoSchedule at once. Stages are reported to `progress` named after `label`."""
     began = time.perf_counter()
-    options = options or {}
-    baseline = keep_all(problem, options)
-    baseline_replay = simulate(problem, baseline)
-    if baseline_replay.peak <= budget and not (implementations and problem.choices) and not options:
+    options, time_limit = settings.options or {}, settings.time_limit
+    baseline, baseline_replay = baseline
+    if baseline_replay.peak <= budget and not (settings.implementations and problem.choices) and not options:
         # nothing to recompute and nothing else to choose: optimal by definition
-        return Solution(baseline, baseline_replay, budget, formulation, "optimal", baseline_replay.time,
+        return Solution(baseline, baseline_replay, budget, settings.formulation, "optimal", baseline_replay.time,
                         baseline_replay.time, 0.0, time.perf_counter() - began)
-    kind, posed, fixed = _pose(problem, formulation, implementations, allow_approximate, options)
+    kind, posed, fixed = _pose(problem, settings)
     given = [start] if start is not None else []
     if kind == "compact" and len(fixed) < len(problem.choices):
         # Checkpointing alone first, on a third of the time: the joint search starts from it, so
         # choosing implementations never ends slower than not choosing them.
         try:
-            given.append(_solve(problem, budget, kind, False, allow_approximate, options, time_limit / 3, gap,
-                                horizon, start, seed, verbose, explain=False, progress=progress,
+            alone = settings.but(formulation=kind, implementations=False, time_limit=time_limit / 3)
+            given.append(_solve(problem, budget, alone, start, progress, (baseline, baseline_replay), explain=False,
                                 label=label + "checkpointing alone: ").schedule)
         except (_NoSchedule, SolverFailedError):
             pass
@@ -209,28 +212,29 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
     fitting = [(candidate, replay) for candidate in given
                for replay in [simulate(problem, candidate)] if replay.peak <= budget]
     incumbent = min(fitting, key=lambda pair: pair[1].time, default=None)
-    horizon, found = _start(posed, budget, _option_sets(posed, implementations, allow_approximate, options), horizon,
+    horizon, found = _start(posed, budget, _option_sets(posed, settings), settings.horizon,
                             lambda *state: progress(label + "finding a starting schedule", *state),
                             incumbent[0] if incumbent and kind == "compact" else None)
     progress(label + "building the ILP", 0, None, "")
-    model = _model(kind, posed, budget, allow_approximate, fixed, horizon)
+    formulation = _formulate(kind, posed, budget, settings, fixed, horizon)
     if kind == "compact" and incumbent and (found is None or incumbent[1].time < found.replay.time):
         candidate, replay = incumbent
-        tensor_win, op_win = model.stages.windows  # unsaved tensors whose op cannot rerun are not made
+        tensor_win, op_win = formulation.stages.windows  # unsaved tensors whose op cannot rerun are not made
         dropped = frozenset(t for t in tensor_win
                             if t not in candidate.saved and problem.tensors[t].producer in op_win)
         found = Start(dropped, dict(candidate.options), candidate, replay)
-    warm = model.warm_start(found.dropped, found.options) if found else None
+    warm = formulation.warm_start(found.dropped, found.options) if found else None
     reference = baseline_replay.time  # no schedule is much faster than keeping everything, so the gap holds
     def step_time(objective: float, bound: float) -> str:
         """The best schedule so far as its predicted step time against keeping everything, and its gap."""
-        best, least = model.fixed_time + objective / 1e3, model.fixed_time + max(0.0, bound) / 1e3
+        best, least = formulation.fixed_time + objective / 1e3, formulation.fixed_time + max(0.0, bound) / 1e3
         text = f"best so far {best / reference - 1:+.1%} step time"
         return text + (f", gap {(best - least) / best:.1%}" if np.isfinite(bound) and best > 0 else ", no bound yet")
 
-    result = model.milp.solve(time_limit=max(1.0, time_limit - (time.perf_counter() - began)), seed=seed,
-                              warm=warm, verbose=verbose, abs_gap=gap * reference * 1e3,
-                              progress=_watch(progress, label + "solving", began, time_limit, step_time))
+    result = formulation.milp.solve(time_limit=max(1.0, time_limit - (time.perf_counter() - began)),
+                                    seed=settings.seed, warm=warm, verbose=settings.solver_log,
+                                    abs_gap=settings.gap * reference * 1e3,
+                                    progress=_watch(progress, label + "solving", began, time_limit, step_time))
     # Schedules of `problem` that the simulator finds within the budget without HiGHS: the starting
     # schedule, and (the general formulation does not start from it) the best one so far.
     fallbacks = []
@@ -239,7 +243,7 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
         fallbacks.append((first, simulate(problem, first)))
     if incumbent and kind != "compact":
         fallbacks.append(incumbent)
-    outside = found is not None and not model.stages.admits(found.schedule)  # a start the ILP cannot pose
+    outside = found is not None and not formulation.stages.admits(found.schedule)  # a start the ILP cannot pose
     if result.values is None and fallbacks:
         # A schedule fits (the simulator says so) where the formulation found nothing, in time or (its
         # rows can overcount, its horizon exclude) at all: it stands, with the formulation's bound where
@@ -250,33 +254,31 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
             warnings.append("HiGHS contradicted itself: it called the ILP infeasible after accepting the starting "
                             "schedule as a solution of it (the simulator replays that schedule to "
                             f"{replay.peak} bytes, within the budget of {budget})")
-        bound = model.fixed_time + (max(0.0, result.bound) / 1e3 if np.isfinite(result.bound) else 0.0)
-        solution = _solution(schedule, problem, budget, model, "heuristic", replay.time,
+        bound = formulation.fixed_time + (max(0.0, result.bound) / 1e3 if np.isfinite(result.bound) else 0.0)
+        solution = _solution(schedule, replay, budget, formulation, "heuristic", replay.time,
                              0.0 if warnings else bound, began)
-        note = _heuristic_note(result.status, time_limit, result.seconds, solution.gap, model.name,
-                               model.stages.horizon if outside else False)
+        note = _heuristic_note(result.status, time_limit, result.seconds, solution.gap, formulation.name,
+                               formulation.stages.horizon if outside else False)
         return dataclasses.replace(solution, note=_with_warnings(note, warnings), warnings=tuple(warnings))
     if result.values is None and not explain:
         raise _NoSchedule if result.status == "infeasible" else SolverFailedError(
             f"HiGHS stopped ({result.status}) before finding any schedule within {time_limit:g} s")
     if result.values is None:
+        unconstrained = baseline_replay if not options else simulate(problem, keep_all(problem))
         try:
-            least = least_peak(problem, formulation=formulation, implementations=implementations,
-                               allow_approximate=allow_approximate, options=options, time_limit=time_limit,
-                               horizon=horizon, seed=seed, progress=progress)
+            least = least_peak(problem, settings.but(horizon=horizon), progress=progress, unconstrained=unconstrained)
         except SolverFailedError:
             if result.status == "infeasible":
                 raise
             least = None
         if result.status == "infeasible" or (least is not None and least.bound > budget):
-            raise InfeasibleBudgetError(budget, least, model.name)
-        unconstrained = simulate(problem, keep_all(problem)).peak
-        raise SolverFailedError(_no_schedule_message(budget, unconstrained, time_limit, least))
-    schedule = Schedule.from_dict(problem, model.schedule(result.values).to_dict(posed))
+            raise InfeasibleBudgetError(budget, least, formulation.name)
+        raise SolverFailedError(_no_schedule_message(budget, unconstrained.peak, time_limit, least))
+    schedule = Schedule.from_dict(problem, formulation.schedule(result.values).to_dict(posed))
     replay = simulate(problem, schedule)
-    objective = model.fixed_time + result.objective / 1e3
-    bound = model.fixed_time + max(0.0, result.bound) / 1e3
-    warnings = _audit(result, model, replay, objective, bound, budget)
+    objective = formulation.fixed_time + result.objective / 1e3
+    bound = formulation.fixed_time + max(0.0, result.bound) / 1e3
+    warnings = _audit(result, formulation, replay, objective, bound, budget)
     fastest = replay.time if replay.peak <= budget else np.inf
     if warnings:
         objective = replay.time  # the simulator judges
@@ -286,23 +288,24 @@ def _solve(problem: Problem, budget: int, formulation: str, implementations: boo
     replaced = False
     for other, other_replay in others:
         if other_replay.peak <= budget and other_replay.time <= fastest:
-            schedule, objective, fastest, replaced = other, other_replay.time, other_replay.time, True
+            schedule, replay, objective, fastest, replaced = (other, other_replay, other_replay.time,
+                                                              other_replay.time, True)
     if not np.isfinite(fastest):
         raise SolverFailedError("; ".join(warnings) + ", and no other schedule at hand fits")
     note = ""
     if outside and replaced and not warnings:
         note = (f"this is the starting schedule: it reruns ops further ahead of their use than the horizon of "
-                f"{model.stages.horizon} stages allows, so it lies outside the ILP posed; the bound holds for the "
-                "ILP's schedules only. A longer --horizon would pose it")
+                f"{formulation.stages.horizon} stages allows, so it lies outside the ILP posed; the bound holds for "
+                "the ILP's schedules only. A longer --horizon would pose it")
     status = ("heuristic" if replaced else "unverified") if warnings else result.status
-    solution = _solution(schedule, problem, budget, model, status, objective, 0.0 if warnings else bound, began)
+    solution = _solution(schedule, replay, budget, formulation, status, objective, 0.0 if warnings else bound, began)
     return dataclasses.replace(solution, note=_with_warnings(note, warnings), warnings=tuple(warnings))
 
 
 TIME_TOLERANCE = 1e-5  # relative: HiGHS's price of a schedule and the simulator's step time agree within this
 
 
-def _audit(result, model: Formulation, replay, objective: float, bound: float, budget: int) -> list[str]:
+def _audit(result, formulation: Formulation, replay, objective: float, bound: float, budget: int) -> list[str]:
     """Where HiGHS's answer (a schedule priced at `objective` s, a bound of `bound` s) contradicts the
     simulator's `replay` of that schedule, or HiGHS itself: one line each, for people."""
     warnings = []
@@ -317,7 +320,7 @@ def _audit(result, model: Formulation, replay, objective: float, bound: float, b
     if bound > objective + tolerance:
         warnings.append(f"HiGHS's bound of {bound:.6g} s exceeds the step time it found, {objective:.6g} s")
     if result.warm == "accepted":
-        accepted = model.fixed_time + result.warm_objective / 1e3
+        accepted = formulation.fixed_time + result.warm_objective / 1e3
         if bound > accepted + tolerance:
             warnings.append(f"HiGHS's bound of {bound:.6g} s exceeds {accepted:.6g} s, the step time of the "
                             "starting schedule that it accepted as a solution of the same ILP")
@@ -390,55 +393,57 @@ def _no_schedule_message(budget: int, unconstrained: int, time_limit: float, lea
     return f"{text}. What would work: {'; or '.join(helps)}"
 
 
-def _solution(schedule: Schedule, problem: Problem, budget: int, model: Formulation, status: str, objective: float,
-              bound: float, began: float) -> Solution:
-    """The Solution for `schedule`, replayed; its peak must fit."""
-    replay = simulate(problem, schedule)
+def _solution(schedule: Schedule, replay: Replay, budget: int, formulation: Formulation, status: str,
+              objective: float, bound: float, began: float) -> Solution:
+    """The Solution for `schedule`, whose replay is `replay`; its peak must fit."""
     if replay.peak > budget:
-        raise SolverFailedError(f"internal error: the {model.name} schedule replays to {replay.peak} bytes, "
+        raise SolverFailedError(f"internal error: the {formulation.name} schedule replays to {replay.peak} bytes, "
                                 f"over the budget of {budget}")
     bound = min(objective, bound)
-    return Solution(schedule, replay, budget, model.name, status, objective, bound,
+    return Solution(schedule, replay, budget, formulation.name, status, objective, bound,
                     (objective - bound) / objective if objective > 0 else 0.0, time.perf_counter() - began,
-                    model.stages.horizon)
+                    formulation.stages.horizon)
 
 
-def _option_sets(posed: Problem, implementations: bool, allow_approximate: bool,
-                 options: dict[str, str]) -> list[dict[str, str]]:
+def _option_sets(posed: Problem, settings: SolveSettings) -> list[dict[str, str]]:
     """How ops run in the heuristic starting points: as fixed (else as PyTorch), and leanest."""
+    options = settings.options or {}
     sets = [options if posed.choices else {}]
-    if posed.choices and implementations:
-        sets.append({**lean_options(posed, allow_approximate=allow_approximate), **options})
+    if posed.choices and settings.implementations:
+        sets.append({**lean_options(posed, allow_approximate=settings.allow_approximate), **options})
     return sets
 
 
-def least_peak(problem: Problem, *, formulation: str = "auto", implementations: bool = True,
-               allow_approximate: bool = False, options: dict[str, str] | None = None, time_limit: float = 60.0,
-               horizon: int | None | str = "auto", seed: int = 0, progress: Progress | None = None) -> LeastPeak:
-    """The least budget (bytes) that the formulation can meet, as its memory rows count it."""
-    began, progress = time.perf_counter(), progress or _quiet
-    unconstrained = simulate(problem, keep_all(problem)).peak
-    kind, posed, fixed = _pose(problem, formulation, implementations, allow_approximate, options)
-    horizon, start = _start(posed, None, _option_sets(posed, implementations, allow_approximate, options or {}),
-                            horizon, lambda *state: progress("least peak: finding a starting schedule", *state))
+def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progress: Progress | None = None,
+               unconstrained: Replay | None = None, **changes) -> LeastPeak:
+    """The least budget (bytes) that the formulation can meet, as its memory rows count it, solving as
+    `settings` with `changes` say (their gap does not apply: the least peak is sought until proven or
+    the time limit). `unconstrained`, the replay of keep_all(problem) where the caller has it, spares
+    simulating it again."""
+    settings = settings_of(settings, **changes)
+    began, progress, time_limit = time.perf_counter(), progress or _quiet, settings.time_limit
+    unconstrained = (simulate(problem, keep_all(problem)) if unconstrained is None else unconstrained).peak
+    kind, posed, fixed = _pose(problem, settings)
+    horizon, start = _start(posed, None, _option_sets(posed, settings), settings.horizon,
+                            lambda *state: progress("least peak: finding a starting schedule", *state))
     progress("least peak: building the ILP", 0, None, "")
-    model = _model(kind, posed, None, allow_approximate, fixed, horizon)
+    formulation = _formulate(kind, posed, None, settings, fixed, horizon)
 
     def peak(objective: float, bound: float) -> str:
-        least = model.memory.least_budget(objective)
+        least = formulation.memory.least_budget(objective)
         return f"least so far {format_bytes(least)} ({least / unconstrained:.0%} of the unconstrained peak)"
 
-    result = model.milp.solve(time_limit=time_limit, seed=seed,
-                              warm=model.warm_start(start.dropped, start.options) if start else None,
-                              progress=_watch(progress, "least peak: solving", began, time_limit, peak))
+    result = formulation.milp.solve(time_limit=time_limit, seed=settings.seed, verbose=settings.solver_log,
+                                    warm=formulation.warm_start(start.dropped, start.options) if start else None,
+                                    progress=_watch(progress, "least peak: solving", began, time_limit, peak))
     # (peak, schedule): the heuristic schedule's peak stands if HiGHS does no better
     found = [(start.replay.peak, Schedule.from_dict(problem, start.schedule.to_dict(posed)))] if start else []
     if result.values is not None:
-        found.append((model.memory.least_budget(result.values[model.memory.peak]),
-                      Schedule.from_dict(problem, model.schedule(result.values).to_dict(posed))))
+        found.append((formulation.memory.least_budget(result.values[formulation.memory.peak]),
+                      Schedule.from_dict(problem, formulation.schedule(result.values).to_dict(posed))))
     if not found:
         raise SolverFailedError(f"HiGHS found no schedule at any budget within {time_limit:g} s ({result.status})")
     least, schedule = min(found, key=lambda pair: pair[0])
-    bound = model.memory.least_budget(result.bound) if np.isfinite(result.bound) else 0
+    bound = formulation.memory.least_budget(result.bound) if np.isfinite(result.bound) else 0
     return LeastPeak(least, least if result.status == "optimal" else min(least, bound), schedule,
                      horizon if kind == "compact" else None, start.replay.peak if start else None)

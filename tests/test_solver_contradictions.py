@@ -99,14 +99,14 @@ def test_a_start_beyond_the_horizon_is_a_limit_of_the_horizon_not_a_contradictio
 
 def _tampered(monkeypatch, tamper):
     """Every model solve() builds goes through `tamper(model, budget)` before HiGHS sees it."""
-    build = solve_module._model
+    build = solve_module._formulate
 
     def model(kind, posed, budget, *args):
         built = build(kind, posed, budget, *args)
         tamper(built, budget)
         return built
 
-    monkeypatch.setattr(solve_module, "_model", model)
+    monkeypatch.setattr(solve_module, "_formulate", model)
 
 
 def test_a_schedule_priced_otherwise_than_the_simulator_replays_it_is_not_optimal(monkeypatch):
@@ -132,8 +132,8 @@ def test_a_schedule_over_the_budget_is_never_returned(monkeypatch):
     p = chain(12)
     budget = int(unconstrained(p) * 0.6)
 
-    build = solve_module._model  # HiGHS is told a budget half as large again
-    monkeypatch.setattr(solve_module, "_model",
+    build = solve_module._formulate  # HiGHS is told a budget half as large again
+    monkeypatch.setattr(solve_module, "_formulate",
                         lambda kind, posed, budget, *args: build(kind, posed, budget * 3 // 2, *args))
     solution = solve(p, budget, formulation="compact")
     assert solution.peak <= budget and solution.status == "heuristic"
