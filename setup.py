@@ -6,7 +6,7 @@ setup(
     version="0.1.0",
     description="Memory-optimal training schedules for PyTorch, solved as a boolean ILP",
     python_requires=">=3.10",
-    packages=["monet", "monet.graph", "monet.solver", "monet.schedules"],
+    packages=["monet", "monet.graph", "monet.graph.families", "monet.solver", "monet.schedules"],
     package_dir={
         "monet": "monet",
         "monet.graph": "graph",

@@ -38,7 +38,7 @@ def pipeline_tag() -> str:
     graph = Path(monet.graph.__file__).parent
     solver = Path(monet.solver.__file__).parent
     digest = hashlib.sha256()
-    for path in [*sorted(graph.glob("*.py")), solver / "problem.py", solver / "edit.py"]:
+    for path in [*sorted(graph.rglob("*.py")), solver / "problem.py", solver / "edit.py"]:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:8]
 
