@@ -237,3 +237,14 @@ def test_a_start_schedule_is_kept_unless_the_search_beats_it():
     # gap 1: HiGHS stops at its first incumbent, which is the start when the start is accepted
     joint = solve(p, budget, start=alone.schedule, time_limit=1, gap=1.0)
     assert joint.peak <= budget and joint.replay.time <= alone.replay.time + 1e-9
+
+
+def test_choosing_implementations_never_raises_the_least_peak():
+    """The joint least-peak search starts from checkpointing alone's (the same formulation) and keeps
+    it if it finds none lower; here the 1/32-size ReLU masks make it strictly lower."""
+    p = relu_chain(10)
+    joint = least_peak(p, formulation="compact", time_limit=10)
+    alone = least_peak(p, formulation="compact", implementations=False, time_limit=10)
+    assert joint.found < alone.found
+    validate(p, joint.schedule)
+    assert simulate(p, joint.schedule).peak <= joint.found
