@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 from benchmarks.models import BenchModel
 from monet.api import schedule_file
 from monet.schedules import ScheduleFile
-from monet.solver import InfeasibleBudgetError, Problem, Schedule, SolverFailedError
+from monet.solver import InfeasibleBudgetError, Problem, Schedule, SolverFailedError, SolveSettings
 from monet.solver.strategies import STRATEGIES
 from monet.wrapper import MONeTWrapper
 
@@ -114,7 +114,7 @@ def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int,
     def planned(family: str, budget: int | None = None) -> tuple[nn.Module, ScheduleFile]:
         """A schedule strategy of the solver's registry, run by monet's runtime."""
         start = (starts.get(budget) or alone.get(budget)) if family == "monet" else None
-        made = STRATEGIES[family].run(problem, budget, time_limit=time_limit, start=start)
+        made = STRATEGIES[family].run(problem, budget, SolveSettings(time_limit=time_limit), start=start)
         if family == "monet-checkpointing":
             alone[budget] = made.schedule
         file = schedule_file(problem, made.schedule, model_name, budget=full_peak if budget is None else budget,

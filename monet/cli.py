@@ -74,12 +74,11 @@ def _cost_model_option(parser: argparse.ArgumentParser, default: str | None = "m
 
 
 def _settings_options(parser: argparse.ArgumentParser, *, time_limit_help: str = "solver time limit; the best "
-                      "schedule found by then is returned", only_time_limit: bool = False) -> None:
-    """The flags of SolveSettings's fields, their defaults read from it; `_settings` reads them back."""
+                      "schedule found by then is returned", per_strategy: bool = False) -> None:
+    """The flags of SolveSettings's fields, their defaults read from it; `_settings` reads them back.
+    `per_strategy` (pareto): whether to choose implementations is each strategy's, so no flag for it."""
     parser.add_argument("--time-limit", type=float, default=DEFAULT.time_limit, metavar="SECONDS",
                         help=f"{time_limit_help}. Default: {DEFAULT.time_limit:g}")
-    if only_time_limit:
-        return
     parser.add_argument("--formulation", choices=FORMULATIONS, default=DEFAULT.formulation,
                         help="compact: each tensor recomputed at most once (scales); general: any number "
                              "of times (lower budgets, small graphs, no implementation choices); auto: general "
@@ -92,8 +91,9 @@ def _settings_options(parser: argparse.ArgumentParser, *, time_limit_help: str =
                         help="how many backward stages ahead of its use an op may rerun: a number, 'none' "
                              f"(unbounded) or 'auto' (as long as the graph's size allows). Default: {DEFAULT.horizon}")
     parser.add_argument("--solver-log", action="store_true", help="show HiGHS's log while solving")
-    parser.add_argument("--checkpointing-only", action="store_true",
-                        help="only choose what to keep and recompute; run every op as PyTorch does")
+    if not per_strategy:
+        parser.add_argument("--checkpointing-only", action="store_true",
+                            help="only choose what to keep and recompute; run every op as PyTorch does")
     parser.add_argument("--allow-approximate", action="store_true",
                         help="also consider options that change gradients slightly (2-bit GELU derivative, "
                              "other convolution algorithms); their measured error is recorded in the schedule")
@@ -101,12 +101,10 @@ def _settings_options(parser: argparse.ArgumentParser, *, time_limit_help: str =
 
 def _settings(args) -> SolveSettings:
     """The SolveSettings that the command line gives (what _settings_options added; the rest default)."""
-    given = {"time_limit": args.time_limit}
-    if hasattr(args, "formulation"):
-        given.update(formulation=args.formulation, gap=args.gap / 100, horizon=args.horizon,
-                     solver_log=args.solver_log, implementations=not args.checkpointing_only,
-                     allow_approximate=args.allow_approximate)
-    return SolveSettings(**given)
+    return SolveSettings(time_limit=args.time_limit, formulation=args.formulation, gap=args.gap / 100,
+                         horizon=args.horizon, solver_log=args.solver_log,
+                         implementations=not getattr(args, "checkpointing_only", False),
+                         allow_approximate=args.allow_approximate)
 
 
 def _solve_options(parser: argparse.ArgumentParser) -> None:
@@ -163,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     pareto.add_argument("--strategies", default=",".join(STRATEGIES),
                         help="comma-separated, from: " + ", ".join(STRATEGIES) + ". Default: all")
     _cost_model_option(pareto, None)  # "measured" with MODEL (see _model_or_problem); --problem has its own
-    _settings_options(pareto, time_limit_help="time limit of each solver run", only_time_limit=True)
+    _settings_options(pareto, time_limit_help="time limit of each solver run", per_strategy=True)
     pareto.add_argument("--device", help="device to trace and profile on. Default: cpu")
     pareto.add_argument("-o", "--output", default="pareto", help="folder for pareto.csv, .md and .png. "
                         "Default: %(default)s")
@@ -367,7 +365,7 @@ def _pareto(args) -> int:
             done.append(point)
             progress(f"sweeping ({point.strategy})", len(done), runs)
 
-        points = sweep(problem, budgets, strategies, time_limit=_settings(args).time_limit, on_point=on_point)
+        points = sweep(problem, budgets, strategies, _settings(args), on_point=on_point)
     heading = title(problem.meta)
     paths = write_results(points, (full.peak, full.time), args.output, heading)
     table = Table(title=heading, box=box.SIMPLE_HEAD)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from monet.solver import InfeasibleBudgetError, Problem, SolverFailedError, simulate
+from monet.solver import InfeasibleBudgetError, Problem, SolverFailedError, SolveSettings, simulate
 from monet.solver.strategies import STRATEGIES, check_strategies
 
 from .budget import parse_budget
@@ -56,9 +56,10 @@ def title(meta: dict) -> str:
             f"{meta['cost_model']} costs")
 
 
-def sweep(problem: Problem, budgets: Sequence[int], strategies: Sequence[str], *, time_limit: float = 60.0,
-          on_point: Callable[[Point], None] | None = None) -> list[Point]:
-    """Every strategy at every budget (once, for strategies without one), replayed by the simulator."""
+def sweep(problem: Problem, budgets: Sequence[int], strategies: Sequence[str], settings: SolveSettings | None = None,
+          *, on_point: Callable[[Point], None] | None = None) -> list[Point]:
+    """Every strategy at every budget (once, for strategies without one), replayed by the simulator;
+    the solvers run as `settings` say (each monet strategy sets whether it chooses implementations)."""
     check_strategies(strategies)
     points = []
     for name in strategies:
@@ -66,7 +67,7 @@ def sweep(problem: Problem, budgets: Sequence[int], strategies: Sequence[str], *
         for budget in budgets if budgeted else [None]:
             start = time.perf_counter()
             try:
-                planned = run(problem, budget, time_limit=time_limit)
+                planned = run(problem, budget, settings)
                 schedule, status, gap = planned.schedule, planned.status, planned.gap
             except (InfeasibleBudgetError, SolverFailedError, ValueError) as exc:
                 status = "infeasible" if isinstance(exc, InfeasibleBudgetError) else "no schedule"

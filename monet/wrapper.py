@@ -28,21 +28,22 @@ class MONeTWrapper(nn.Module):
                  input_shape: tuple[int, ...] | list[int] | torch.Size):
         super().__init__()
         self.model = model
-        plan_file = solution_file if isinstance(solution_file, ScheduleFile) else load_schedule(solution_file)
-        spec = InputSpec(tuple(input_shape), plan_file.input["dtype"], plan_file.input["requires_grad"])
-        _check_input(plan_file, spec, model)
-        with _traced(model, spec, plan_file) as step:
+        # `solution_file` is MONeT's name for the argument; inside, it is the schedule file it names
+        schedule_file = solution_file if isinstance(solution_file, ScheduleFile) else load_schedule(solution_file)
+        spec = InputSpec(tuple(input_shape), schedule_file.input["dtype"], schedule_file.input["requires_grad"])
+        _check_input(schedule_file, spec, model)
+        with _traced(model, spec, schedule_file) as step:
             analysis = analyze(step.graph_module)
-            _check_graph(plan_file, analysis, model, spec)
+            _check_graph(schedule_file, analysis, model, spec)
             problem = structure(analysis, step.graph_module)
-            schedule = Schedule.from_dict(problem, plan_file.schedule)
+            schedule = Schedule.from_dict(problem, schedule_file.schedule)
             validate(problem, schedule)
             self._step = step.compile(make_partition(ExecutionPlan.build(analysis, problem, schedule),
                                                      self._keep_graphs))
             self._param_names = step.param_names
             self._buffer_names = step.buffer_names
         self.spec = spec
-        self.schedule_file = plan_file
+        self.schedule_file = schedule_file
 
     def _keep_graphs(self, forward: torch.fx.GraphModule, backward: torch.fx.GraphModule) -> None:
         self.graphs = {"forward": forward, "backward": backward}
@@ -68,28 +69,28 @@ class MONeTWrapper(nn.Module):
         return self._step(*params, *buffers, x)
 
 
-def _traced(model: nn.Module, spec: InputSpec, plan_file: ScheduleFile) -> TracedStep:
+def _traced(model: nn.Module, spec: InputSpec, schedule_file: ScheduleFile) -> TracedStep:
     """Trace `model`; a model that cannot take the schedule's input is the wrong model."""
     try:
         return TracedStep(model, spec)
     except TraceError as exc:
-        if plan_file.model == type(model).__name__:
+        if schedule_file.model == type(model).__name__:
             raise
         raise ScheduleMismatchError(
-            f"the schedule was made for {plan_file.model} at input {spec.describe()}, and "
+            f"the schedule was made for {schedule_file.model} at input {spec.describe()}, and "
             f"{type(model).__name__} does not trace at that input ({exc.reason}); solve a schedule for this model"
         ) from exc
 
 
-def _check_input(plan_file: ScheduleFile, spec: InputSpec, model: nn.Module) -> None:
-    shape = tuple(plan_file.input["shape"])
+def _check_input(schedule_file: ScheduleFile, spec: InputSpec, model: nn.Module) -> None:
+    shape = tuple(schedule_file.input["shape"])
     if shape != spec.shape:
         raise ScheduleMismatchError(f"the schedule was made for input shape {shape}, not {spec.shape}")
     device = model_device(model).type
-    if plan_file.device != device:
+    if schedule_file.device != device:
         raise ScheduleMismatchError(
-            f"the schedule was made for a {plan_file.device} model, but the model is on {device}")
-    theirs = plan_file.graph.get("param_dtypes")  # absent from files written before it was recorded
+            f"the schedule was made for a {schedule_file.device} model, but the model is on {device}")
+    theirs = schedule_file.graph.get("param_dtypes")  # absent from files written before it was recorded
     ours = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
     if theirs is not None and theirs != ours:
         raise ScheduleMismatchError(
@@ -98,17 +99,17 @@ def _check_input(plan_file: ScheduleFile, spec: InputSpec, model: nn.Module) -> 
             "schedule for the model as it is")
 
 
-def _check_graph(plan_file: ScheduleFile, analysis: GraphAnalysis, model: nn.Module, spec: InputSpec) -> None:
-    if plan_file.graph["fingerprint"] == analysis.fingerprint:
+def _check_graph(schedule_file: ScheduleFile, analysis: GraphAnalysis, model: nn.Module, spec: InputSpec) -> None:
+    if schedule_file.graph["fingerprint"] == analysis.fingerprint:
         return
-    theirs = [tuple(op) for op in plan_file.graph["ops"]]
+    theirs = [tuple(op) for op in schedule_file.graph["ops"]]
     ours = [(op.name, op.target, op.phase) for op in analysis.problem.ops]
     where = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
     detail = (f"op #{where}: schedule has {theirs[where][0]} ({theirs[where][1]}), model has "
               f"{ours[where][0]} ({ours[where][1]})" if where < min(len(theirs), len(ours))
               else "ops agree, but shapes or wiring differ")
     raise ScheduleMismatchError(
-        f"the schedule was made for a different graph: {plan_file.model} with {len(theirs)} ops, while "
+        f"the schedule was made for a different graph: {schedule_file.model} with {len(theirs)} ops, while "
         f"{type(model).__name__} at input {spec.describe()} traces to "
         f"{len(ours)} ops; first difference at {detail}. Solve a schedule for this model"
     )

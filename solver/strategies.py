@@ -1,6 +1,6 @@
 """Every way this project makes a schedule of a problem, by name, with one result type.
 
-`STRATEGIES[name].run(problem, budget, time_limit=..., **settings)` returns a `Planned`: the
+`STRATEGIES[name].run(problem, budget, settings)` returns a `Planned`: the
 schedule, how it was found and what a schedule file records of it. Strategies that take no budget
 (`budgeted` False) ignore it; `monet pareto` and the benchmark's schedule competitors both draw
 from here, and the simulator judges every result alike.
@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from .baselines import chen_greedy, chen_sqrt
 from .checkmate import checkmate
+from .options import SolveSettings, settings_of
 from .problem import Problem
 from .result import Solution
 from .schedule import Schedule, keep_all
@@ -38,27 +39,29 @@ class Planned:
 
 
 class Strategy(NamedTuple):
-    """`run(problem, budget, *, time_limit, **settings)`; `budgeted`: whether it takes a budget
-    (else it runs once, with budget None)."""
+    """`run(problem, budget, settings=None, *, start=None)`; `budgeted`: whether it takes a budget
+    (else it runs once, with budget None). The solvers read `settings` (a SolveSettings; the
+    defaults where None); the budget-blind baselines ignore it."""
 
     run: Callable[..., Planned]
     budgeted: bool
 
 
 def _monet(implementations: bool) -> Callable[..., Planned]:
-    def run(problem: Problem, budget: int, *, time_limit: float = 60.0, **settings) -> Planned:
-        solution = solve(problem, budget, implementations=implementations, time_limit=time_limit, **settings)
-        return Planned.of(solution, implementations=implementations,
-                          approximate_allowed=settings.get("allow_approximate", False))
+    def run(problem: Problem, budget: int, settings: SolveSettings | None = None, *,
+            start: Schedule | None = None) -> Planned:
+        settings = settings_of(settings, implementations=implementations)
+        solution = solve(problem, budget, settings, start=start)
+        return Planned.of(solution, implementations=implementations, approximate_allowed=settings.allow_approximate)
     return run
 
 
-def _checkmate(problem: Problem, budget: int, *, time_limit: float = 60.0, **_) -> Planned:
-    return Planned.of(checkmate(problem, budget, time_limit=time_limit))
+def _checkmate(problem: Problem, budget: int, settings: SolveSettings | None = None, **_) -> Planned:
+    return Planned.of(checkmate(problem, budget, time_limit=settings_of(settings).time_limit))
 
 
 def _baseline(name: str, build: Callable[[Problem, int | None], Schedule]) -> Callable[..., Planned]:
-    def run(problem: Problem, budget: int | None = None, **_) -> Planned:
+    def run(problem: Problem, budget: int | None = None, settings: SolveSettings | None = None, **_) -> Planned:
         return Planned(build(problem, budget), "heuristic", None, {"formulation": name, "status": "heuristic"})
     return run
 
