@@ -25,7 +25,7 @@ from monet.catalog import BUNDLED, input_dtype, load_model
 from monet.cli import parse_shape
 from monet.graph import InputSpec
 from monet.schedules import write_json
-from monet.solver import InfeasibleBudgetError, SolverFailedError, format_bytes, keep_all, simulate
+from monet.solver import InfeasibleBudgetError, SolverFailedError, SolveSettings, format_bytes, keep_all, simulate
 from monet.training import compare_training
 from monet.wrapper import MONeTWrapper
 
@@ -63,21 +63,22 @@ def main(argv: list[str] | None = None) -> int:
         for variant, implementations in VARIANTS.items():
             row = {"budget": budget, "variant": variant}
             try:
-                schedule = solve_traced(problem, budget, type(model).__name__, implementations=implementations,
-                                        time_limit=args.time_limit, start=alone)
+                schedule = solve_traced(problem, budget, type(model).__name__,
+                                        SolveSettings(time_limit=args.time_limit, implementations=implementations),
+                                        start=alone)
             except (InfeasibleBudgetError, SolverFailedError) as exc:
                 rows.append({**row, "error": str(exc)})
                 console.log(f"{budget} {variant}: {exc}")
                 continue
             alone = alone or schedule
-            chosen = {c: o for c, o in schedule.schedule["options"].items()
+            chosen = {c: o for c, o in schedule.schedule.options.items()
                       if o != problem.choice_named[c].options[0]}
-            rows.append({**row, "budget_bytes": schedule.budget, "predicted_peak": schedule.predicted["peak"],
-                         "predicted_time": schedule.predicted["time"], "solver": schedule.solver,
+            rows.append({**row, "budget_bytes": schedule.budget, "predicted_peak": schedule.predicted.peak,
+                         "predicted_time": schedule.predicted.time, "solver": schedule.solver.to_dict(),
                          "options_changed": chosen})
-            console.log(f"{budget} {variant}: predicted {format_bytes(schedule.predicted['peak'])}, "
-                        f"{schedule.predicted['time'] * 1e3:.1f} ms, {len(chosen)} ops run differently "
-                        f"({schedule.solver['status']}, {schedule.solver['solve_time_s']:.1f} s)")
+            console.log(f"{budget} {variant}: predicted {format_bytes(schedule.predicted.peak)}, "
+                        f"{schedule.predicted.time * 1e3:.1f} ms, {len(chosen)} ops run differently "
+                        f"({schedule.solver.status}, {schedule.solver.solve_time_s:.1f} s)")
             runs[f"{budget} {variant}"] = MONeTWrapper(copy.deepcopy(model), schedule, shape)
 
     console.log("training one step of each, side by side")

@@ -32,7 +32,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from benchmarks.models import BenchModel
-from monet.api import schedule_file
 from monet.schedules import ScheduleFile
 from monet.solver import InfeasibleBudgetError, Problem, Schedule, SolverFailedError, SolveSettings
 from monet.solver.strategies import STRATEGIES
@@ -117,8 +116,8 @@ def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int,
         made = STRATEGIES[family].run(problem, budget, SolveSettings(time_limit=time_limit), start=start)
         if family == "monet-checkpointing":
             alone[budget] = made.schedule
-        file = schedule_file(problem, made.schedule, model_name, budget=full_peak if budget is None else budget,
-                             solver=made.solver)
+        file = ScheduleFile.of(problem, made.schedule, model_name, budget=full_peak if budget is None else budget,
+                               solver=made.solver)
         return MONeTWrapper(copy.deepcopy(model), file, shape), file
 
     def sequential() -> tuple[nn.Module, None]:
@@ -168,5 +167,5 @@ def _entry(name: str, family: str, budget: int | None,
         return Entry(name, family, budget, None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     if made is None:
         return Entry(name, family, budget, module, "ok")
-    return Entry(name, family, budget, module, made.solver["status"],
-                 (made.predicted["peak"], made.predicted["time"]), made.solver.get("solve_time_s"))
+    return Entry(name, family, budget, module, made.solver.status,
+                 (made.predicted.peak, made.predicted.time), made.solver.solve_time_s)

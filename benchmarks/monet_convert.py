@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from solver.problem import Choice, Impl, Op, Problem, Tensor
-from solver.schedule import Schedule
+from monet.solver.problem import Choice, Impl, Op, Problem, Tensor
+from monet.solver.schedule import Schedule
 
 UNIT = 1e-5  # seconds in MONeT's time unit, 0.01 ms
 KIB = 1024

@@ -189,7 +189,7 @@ def instances(folder: Path) -> list[Instance]:
 
 def replay_check(inst: Instance) -> dict:
     """Gurobi's own schedule converted and replayed: time (0.01 ms) and peak against the budget."""
-    from solver.simulate import simulate
+    from monet.solver import simulate
 
     from .monet_convert import UNIT, budget_bytes, convert, gurobi_objective, gurobi_schedule
 
@@ -203,7 +203,7 @@ def replay_check(inst: Instance) -> dict:
 
 def solve_instance(inst: Instance, time_limit: float) -> dict:
     """monet's compact solve of the converted instance: objective and bound in 0.01 ms, or what failed."""
-    from solver.solve import solve
+    from monet.solver import SolveSettings, solve
 
     from .monet_convert import UNIT, budget_bytes, convert
 
@@ -211,8 +211,8 @@ def solve_instance(inst: Instance, time_limit: float) -> dict:
     began = time.perf_counter()
     record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit}
     try:
-        sol = solve(converted.problem, budget_bytes(inst), formulation="compact", implementations=True,
-                    time_limit=time_limit, gap=1e-4)
+        sol = solve(converted.problem, budget_bytes(inst),
+                    SolveSettings(formulation="compact", implementations=True, time_limit=time_limit, gap=1e-4))
     except Exception as exc:  # an infeasible or failed solve is a result to report
         record.update(status=type(exc).__name__, message=str(exc)[:300], seconds=time.perf_counter() - began)
         return record

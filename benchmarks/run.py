@@ -31,7 +31,7 @@ from benchmarks.report import beaten_by, machine, write_model
 from monet.budget import parse_budget
 from monet.graph import InputSpec
 from monet.schedules import write_atomic
-from monet.solver import Problem, Schedule, keep_all, least_peak, simulate
+from monet.solver import Problem, Schedule, SolveSettings, keep_all, least_peak, simulate
 from monet.training import compare_training
 
 console = Console()
@@ -49,7 +49,7 @@ def resolve_budgets(texts: list[str], problem: Problem, full_peak: int,
     budgets, starts = set(), {}
     for text in texts:
         if text == "least":
-            least = least_peak(problem, time_limit=time_limit)
+            least = least_peak(problem, SolveSettings(time_limit=time_limit))
             budgets.add(least.found)
             if least.schedule is not None:
                 starts[least.found] = least.schedule

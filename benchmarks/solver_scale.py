@@ -23,7 +23,16 @@ from benchmarks.models import MODELS
 from benchmarks.problems import cached_problem
 from monet.budget import parse_budget
 from monet.schedules import write_atomic, write_json
-from monet.solver import InfeasibleBudgetError, Problem, SolverFailedError, checkmate, keep_all, simulate, solve
+from monet.solver import (
+    InfeasibleBudgetError,
+    Problem,
+    SolverFailedError,
+    SolveSettings,
+    checkmate,
+    keep_all,
+    simulate,
+    solve,
+)
 
 console = Console()
 
@@ -38,7 +47,7 @@ def traced(name: str, cache: Path) -> Problem:
 def run(strategy: str, problem: Problem, budget: int, time_limit: float) -> dict:
     start = time.perf_counter()
     try:
-        solution = (solve(problem, budget, time_limit=time_limit) if strategy == "monet"
+        solution = (solve(problem, budget, SolveSettings(time_limit=time_limit)) if strategy == "monet"
                     else checkmate(problem, budget, time_limit=time_limit))
     except (InfeasibleBudgetError, SolverFailedError) as exc:
         return {"status": "infeasible" if isinstance(exc, InfeasibleBudgetError) else "no schedule",

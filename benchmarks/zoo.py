@@ -23,7 +23,7 @@ from benchmarks.models import MODELS
 from benchmarks.problems import cached_problem, shape_tag
 from monet.api import solve_traced
 from monet.schedules import BUNDLED_DIR, ScheduleFile, load_schedule, write_atomic
-from monet.solver import InfeasibleBudgetError, SolverFailedError, format_bytes
+from monet.solver import InfeasibleBudgetError, SolverFailedError, SolveSettings, format_bytes
 
 console = Console()
 ZOO_MODELS = [name for name in MODELS if name != "cnn"]
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         for budget in args.budgets:
             target = schedule_name(tag, budget)
             try:
-                made = solve_traced(problem, budget, problem.meta["model"], time_limit=args.time_limit)
+                made = solve_traced(problem, budget, problem.meta["model"], SolveSettings(time_limit=args.time_limit))
             except (InfeasibleBudgetError, SolverFailedError) as exc:
                 console.log(f"{target}: no schedule ({exc})")
                 continue
@@ -66,11 +66,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _row(name: str, made: ScheduleFile) -> str:
     p, s = made.predicted, made.solver
-    share = p["peak"] / p["unconstrained_peak"]
-    return (f"| {name} | {made.model} {'x'.join(map(str, made.input['shape']))} | {made.device} | "
-            f"{format_bytes(p['peak'])} of {format_bytes(p['unconstrained_peak'])} ({share:.0%}) "
-            f"| {p['time'] / p['unconstrained_time'] - 1:+.2%} | {s['status']}, gap {s['gap']:.2%}, "
-            f"{s['solve_time_s']:.0f} s |")
+    share = p.peak / p.unconstrained_peak
+    return (f"| {name} | {made.model} {'x'.join(map(str, made.input.shape))} | {made.device} | "
+            f"{format_bytes(p.peak)} of {format_bytes(p.unconstrained_peak)} ({share:.0%}) "
+            f"| {p.time / p.unconstrained_time - 1:+.2%} | {s.status}, gap {s.gap:.2%}, "
+            f"{s.solve_time_s:.0f} s |")
 
 
 def write_index(folder: Path) -> Path:

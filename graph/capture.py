@@ -22,7 +22,6 @@ import inspect
 import os
 import re
 import traceback
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -35,11 +34,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from monet.errors import MonetError
-
-_DTYPES = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
-}
+from monet.schedules import InputSpec
 
 
 class TraceError(MonetError, RuntimeError):
@@ -48,41 +43,6 @@ class TraceError(MonetError, RuntimeError):
     def __init__(self, message: str, reason: str | None = None):
         super().__init__(message)
         self.reason = reason or message
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """The one tensor a model takes: its shape, dtype and whether it wants a gradient."""
-
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-    requires_grad: bool = False
-
-    def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        if not self.shape or any(s <= 0 for s in self.shape):
-            raise ValueError(f"input shape must be positive integers, got {self.shape}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"input dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}")
-        if self.requires_grad and not self.torch_dtype.is_floating_point:
-            raise ValueError(f"an input of dtype {self.dtype} cannot require a gradient")
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
-
-    def example(self, device: torch.device | str = "cpu", seed: int = 0) -> torch.Tensor:
-        """A batch of this spec: standard normal for floats, zeros (valid token ids) for integers."""
-        gen = torch.Generator().manual_seed(seed)
-        if self.torch_dtype.is_floating_point:
-            x = torch.randn(self.shape, generator=gen, dtype=self.torch_dtype)
-        else:
-            x = torch.zeros(self.shape, dtype=self.torch_dtype)
-        return x.to(device).requires_grad_(self.requires_grad)
-
-    def describe(self) -> str:
-        grad = ", requires_grad" if self.requires_grad else ""
-        return f"({', '.join(map(str, self.shape))}) {self.dtype}{grad}"
 
 
 def model_device(model: nn.Module) -> torch.device:

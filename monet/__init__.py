@@ -17,7 +17,7 @@ _EXPORTS = {
     "solve_problem_file": "monet.api",
     "PeakMemory": "monet.memory",
     "resident_bytes": "monet.memory",
-    "InputSpec": "monet.graph",
+    "InputSpec": "monet.schedules",
     "ScheduleFile": "monet.schedules",
     "ScheduleFileError": "monet.schedules",
     "load_schedule": "monet.schedules",

@@ -8,19 +8,16 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from monet.schedules import ProblemFile, ScheduleFile, load_problem
+from monet.schedules import InputSpec, ProblemFile, ScheduleFile, load_problem
 from monet.solver import Problem, Schedule, SolveSettings, keep_all, simulate
 from monet.solver import solve as solve_problem
 from monet.solver.options import settings_of
-from monet.solver.simulate import Replay
 from monet.solver.solve import Progress
 
 from .budget import parse_budget
 
 if TYPE_CHECKING:  # torch and monet.graph load where a model is traced: solving needs neither
     from torch import nn
-
-    from monet.graph import InputSpec
 
 # Progress: progress(stage, done, total, detail), what monet is doing, for a progress display. `total`
 # is None while the length of a stage is unknown; `detail` says more (while HiGHS runs: the best
@@ -69,8 +66,6 @@ def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | floa
     `solver_log` prints HiGHS's progress.
     Nothing is written; call `.save(path)` on the result to keep it.
     """
-    from monet.graph import InputSpec
-
     settings = settings_of(settings, **changes)
     spec = InputSpec(tuple(input_shape), input_dtype, input_requires_grad)
     problem = trace_problem(model, spec, cost_model=cost_model,
@@ -85,43 +80,13 @@ def solve_traced(problem: Problem, budget: str | int | float, model_name: str, s
     `start`, a schedule of the same problem (or its file), is a starting point the result is no slower than."""
     settings = settings_of(settings, **changes)
     if isinstance(start, ScheduleFile):
-        start = Schedule.from_dict(problem, {**start.schedule, "saved": list(start.schedule["saved"])})
+        start = start.schedule.on(problem)
     unconstrained = simulate(problem, keep_all(problem))
     solution = solve_problem(problem, parse_budget(budget, unconstrained.peak), settings, start=start,
                              progress=progress, unconstrained=unconstrained)
-    return schedule_file(problem, solution.schedule, model_name, budget=int(solution.budget),
-                         solver={**solution.summary(), "implementations": settings.implementations,
-                                 "approximate_allowed": settings.allow_approximate},
-                         replay=solution.replay, unconstrained=unconstrained)
-
-
-def schedule_file(problem: Problem, schedule: Schedule, model_name: str, *, budget: int, solver: dict,
-                  replay: Replay | None = None, unconstrained: Replay | None = None) -> ScheduleFile:
-    """Any schedule of `problem` (the ILP's, or a baseline's: Chen, Checkmate) as a schedule file
-    that MONeTWrapper runs; `solver` says what made it ("formulation" and "status" at least).
-    `replay` (of `schedule`) and `unconstrained` (of keep_all(problem)), where the caller has them,
-    spare simulating them again."""
-    unconstrained = simulate(problem, keep_all(problem)) if unconstrained is None else unconstrained
-    replay = simulate(problem, schedule) if replay is None else replay
-    meta = problem.meta
-    decisions = schedule.to_dict(problem)
-    return ScheduleFile(
-        model=model_name,
-        input=meta["input"],
-        device=meta["device"],
-        budget=budget,
-        predicted={"peak": replay.peak, "time": replay.time,
-                   "unconstrained_peak": unconstrained.peak, "unconstrained_time": unconstrained.time},
-        solver=solver,
-        cost_model=meta["cost_model"],
-        graph={"fingerprint": meta["fingerprint"], "ops": [[op.name, op.target, op.phase] for op in problem.ops],
-               "param_dtypes": sorted({t.dtype for t in problem.tensors if t.role == "param" and t.dtype})},
-        schedule={"options": decisions["options"],
-                  "approximate": {c: problem.choice_named[c].error(o) for c, o in sorted(decisions["options"].items())
-                                  if o in problem.choice_named[c].approximate},
-                  "saved": {name: problem.tensor_named(name).bytes for name in decisions["saved"]},
-                  "backward": decisions["backward"]},
-    )
+    return ScheduleFile.from_solution(problem, solution, model_name, unconstrained=unconstrained,
+                                      implementations=settings.implementations,
+                                      approximate_allowed=settings.allow_approximate)
 
 
 def profile(model: nn.Module, input_shape: Sequence[int], *, input_dtype: str = "float32",
@@ -131,8 +96,6 @@ def profile(model: nn.Module, input_shape: Sequence[int], *, input_dtype: str = 
     elsewhere: `.save(path)` writes the problem file (`monet profile`), and `solve_problem_file`
     solves it with `solve`'s settings, without the model's code or torch. `implementations=False`
     profiles only what checkpointing needs (every op runs as in PyTorch)."""
-    from monet.graph import InputSpec
-
     spec = InputSpec(tuple(input_shape), input_dtype, input_requires_grad)
     problem = trace_problem(model, spec, cost_model=cost_model, implementations=implementations, progress=progress)
     return ProblemFile(problem, implementations)
@@ -146,4 +109,4 @@ def solve_problem_file(problem_file: ProblemFile | str | os.PathLike, budget: st
     which MONeTWrapper runs on the model the problem was profiled from. Needs neither the model nor torch."""
     made = problem_file if isinstance(problem_file, ProblemFile) else load_problem(problem_file)
     schedule = solve_traced(made.problem, budget, made.model, settings, start=start, progress=progress, **changes)
-    return dataclasses.replace(schedule, solver={**schedule.solver, "problem": made.digest})
+    return dataclasses.replace(schedule, solver=dataclasses.replace(schedule.solver, problem=made.digest))

@@ -7,6 +7,7 @@ argument errors come at once, and a bad argument never costs a trace or a solve.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import warnings
@@ -21,6 +22,7 @@ from rich.table import Table
 from monet.errors import MonetError
 from monet.schedules import (
     COST_MODELS,
+    InputSpec,
     ProblemFile,
     ScheduleFile,
     ScheduleFileError,
@@ -112,9 +114,28 @@ def _solve_options(parser: argparse.ArgumentParser) -> None:
     _settings_options(parser)
 
 
-# InfeasibleBudgetError's alternatives (SolveSettings fields), as this command's flags say them
-_FLAG_HINTS = {"formulation": "--formulation general, which recomputes more than once",
-               "horizon": "a longer --horizon"}
+def _model_options(parser: argparse.ArgumentParser, problem: str | None = None) -> None:
+    """MODEL and the input and device to trace it at; `problem` says what --problem FILE does instead
+    (None: the command has no --problem, and MODEL and --input-shape are required)."""
+    model_help = f"bundled model ({', '.join(BUNDLED)}) or package.module:factory"
+    if problem:
+        parser.add_argument("model", nargs="?", help=f"{model_help}; or give --problem instead")
+        parser.add_argument("--problem", metavar="FILE", help=problem)
+    else:
+        parser.add_argument("model", help=model_help)
+    parser.add_argument("--input-shape", type=parse_shape, required=not problem,
+                        help="e.g. 32,3,224,224" + (" (needed with MODEL)" if problem else ""))
+    parser.add_argument("--input-dtype", help="dtype of the input. Default: the bundled model's, else float32")
+    parser.add_argument("--input-requires-grad", action="store_true",
+                        help="the input needs a gradient too (costs memory)")
+    parser.add_argument("--device", help="device to trace and profile on. Default: cpu")
+
+
+def _as_flags(text: str) -> str:
+    """A library message or note, with the settings it names (`time_limit`, `formulation='general'`:
+    SolveSettings fields in backticks) said as this command's flags (--time-limit, --formulation general)."""
+    return re.sub(r"`(\w+)(?:='([^']*)')?`",
+                  lambda m: f"--{m[1].replace('_', '-')}" + (f" {m[2]}" if m[2] is not None else ""), text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -131,17 +152,10 @@ def _parser() -> argparse.ArgumentParser:
     _solve_options(demo)
 
     solve_p = sub.add_parser("solve", help="solve a schedule for a model, input shape and budget")
-    solve_p.add_argument("model", nargs="?", help=f"bundled model ({', '.join(BUNDLED)}) or package.module:factory; "
-                         "or give --problem instead")
-    solve_p.add_argument("--problem", metavar="FILE", help="solve a problem file from `monet profile` instead of "
-                         "tracing MODEL here (input, device and costs are the file's)")
-    solve_p.add_argument("--input-shape", type=parse_shape, help="e.g. 32,3,224,224 (needed with MODEL)")
+    _model_options(solve_p, "solve a problem file from `monet profile` instead of tracing MODEL here (input, "
+                   "device and costs are the file's)")
     solve_p.add_argument("--budget", required=True, help="bytes (4GiB, 512MB) or %% of the unconstrained peak")
     solve_p.add_argument("-o", "--output", required=True, help="schedule file to write (JSON)")
-    solve_p.add_argument("--input-dtype", help="dtype of the input. Default: the bundled model's, else float32")
-    solve_p.add_argument("--input-requires-grad", action="store_true",
-                         help="the input needs a gradient too (costs memory)")
-    solve_p.add_argument("--device", help="device to trace and profile on. Default: cpu")
     solve_p.add_argument("--ablation", action="store_true",
                          help="also solve with checkpointing alone on the same profile, start the joint "
                               "search from that schedule, and compare")
@@ -149,12 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     solve_p.set_defaults(cost_model=None)  # "measured" with MODEL (see _model_or_problem); --problem has its own
 
     pareto = sub.add_parser("pareto", help="sweep budgets: predicted time against peak memory, per strategy")
-    pareto.add_argument("model", nargs="?", help=f"bundled model ({', '.join(BUNDLED)}) or package.module:factory; "
-                        "or give --problem instead")
-    pareto.add_argument("--problem", metavar="FILE", help="sweep a problem file from `monet profile` instead of "
-                        "tracing MODEL here")
-    pareto.add_argument("--input-shape", type=parse_shape, help="e.g. 32,3,224,224 (needed with MODEL)")
-    pareto.add_argument("--input-dtype", help="dtype of the input. Default: the bundled model's, else float32")
+    _model_options(pareto, "sweep a problem file from `monet profile` instead of tracing MODEL here")
     pareto.add_argument("--budgets", default="30%:100%:10%",
                         help="START:END:STEP or a list (40%%,2GiB), sizes or %% of the unconstrained peak. "
                              "Default: %(default)s")
@@ -162,19 +171,13 @@ def _parser() -> argparse.ArgumentParser:
                         help="comma-separated, from: " + ", ".join(STRATEGIES) + ". Default: all")
     _cost_model_option(pareto, None)  # "measured" with MODEL (see _model_or_problem); --problem has its own
     _settings_options(pareto, time_limit_help="time limit of each solver run", per_strategy=True)
-    pareto.add_argument("--device", help="device to trace and profile on. Default: cpu")
     pareto.add_argument("-o", "--output", default="pareto", help="folder for pareto.csv, .md and .png. "
                         "Default: %(default)s")
 
     profile_p = sub.add_parser("profile", help="trace and profile a model once, to solve later or on another "
                                "machine (solve --problem, pareto --problem)")
-    profile_p.add_argument("model", help=f"bundled model ({', '.join(BUNDLED)}) or package.module:factory")
-    profile_p.add_argument("--input-shape", type=parse_shape, required=True, help="e.g. 32,3,224,224")
+    _model_options(profile_p)
     profile_p.add_argument("-o", "--output", required=True, help="problem file to write (JSON)")
-    profile_p.add_argument("--input-dtype", help="dtype of the input. Default: the bundled model's, else float32")
-    profile_p.add_argument("--input-requires-grad", action="store_true",
-                           help="the input needs a gradient too (costs memory)")
-    profile_p.add_argument("--device", default="cpu", help="device to trace and profile on. Default: cpu")
     _cost_model_option(profile_p)
     profile_p.add_argument("--checkpointing-only", action="store_true",
                            help="profile only what checkpointing needs; every op runs as in PyTorch")
@@ -192,8 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             return {"demo": _demo, "solve": _solve, "pareto": _pareto, "inspect": _inspect,
                     "profile": _profile}[args.command](args)
         except (MonetError, ValueError) as exc:
-            text = exc.message(_FLAG_HINTS) if isinstance(exc, InfeasibleBudgetError) else str(exc)
-            err.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True)  # paths stay whole
+            err.print(f"[red]error:[/red] {escape(_as_flags(str(exc)))}", soft_wrap=True)  # paths stay whole
             return 2
         except KeyboardInterrupt:  # Ctrl-C: one line, status 130, nothing written
             return interrupted(err)
@@ -238,11 +240,9 @@ def _device(name: str):
 
 def _load(args):
     """The model named on the command line, on its device, with the input spec the arguments give."""
-    from monet.graph import InputSpec
 
-    device = _device(args.device)
-    spec = InputSpec(args.input_shape, args.input_dtype or input_dtype(args.model),
-                     getattr(args, "input_requires_grad", False))
+    device = _device(args.device or "cpu")
+    spec = InputSpec(args.input_shape, args.input_dtype or input_dtype(args.model), args.input_requires_grad)
     return load_model(args.model).to(device), spec
 
 
@@ -307,19 +307,18 @@ def _print_ablation(joint: ScheduleFile, alone: ScheduleFile | Exception) -> Non
             table.add_row(label, "-", "-", "-", str(s).split(";")[0])
             continue
         pred = s.predicted
-        table.add_row(label, format_bytes(pred["peak"]),
-                      f"{pred['time'] * 1e3:.1f} ms ({pred['time'] / pred['unconstrained_time'] - 1:+.1%})",
-                      str(len(s.schedule.get("options", {}))),
-                      f"{s.solver['status']}, {s.solver['solve_time_s']:.1f} s")
+        table.add_row(label, format_bytes(pred.peak),
+                      f"{pred.time * 1e3:.1f} ms ({pred.time / pred.unconstrained_time - 1:+.1%})",
+                      str(len(s.schedule.options)), f"{s.solver.status}, {s.solver.solve_time_s:.1f} s")
     console.print(table)
 
 
 def _inspect(args) -> int:
     schedule = load_schedule(args.schedule)
     _print_summary(schedule)
-    saved = schedule.schedule["saved"]
-    phase = {name: ph for name, _, ph in schedule.graph["ops"]}
-    reruns = Counter(name for name in schedule.schedule["backward"] if phase.get(name) == "forward")
+    saved = schedule.schedule.saved
+    phase = {name: ph for name, _, ph in schedule.graph.ops}
+    reruns = Counter(name for name in schedule.schedule.backward if phase.get(name) == "forward")
     table = Table(title="kept for the backward (largest first)")
     table.add_column("tensor")
     table.add_column("size", justify="right")
@@ -330,11 +329,11 @@ def _inspect(args) -> int:
     console.print(table)
     console.print(f"recomputed in the backward: {sum(reruns.values())} op runs of {len(reruns)} ops"
                   + (": " + ", ".join(f"{n} x{c}" if c > 1 else n for n, c in reruns.items()) if reruns else ""))
-    options = schedule.schedule.get("options", {})
+    options = schedule.schedule.options
     kinds = Counter(f"{choice.rpartition(':')[2]} {option}" for choice, option in options.items())
     console.print(f"run otherwise than PyTorch: {len(options)} ops"
                   + (": " + ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items())) if kinds else ""))
-    for choice, error in schedule.schedule.get("approximate", {}).items():
+    for choice, error in schedule.schedule.approximate.items():
         measured = f"relative error {error:.2g} when profiled" if error is not None else "error not measured"
         console.print(f"[yellow]approximate:[/yellow] {choice} runs {options[choice]} ({measured})")
     return 0
@@ -400,7 +399,6 @@ def _model_or_problem(args) -> None:
         return
     if args.input_shape is None:
         raise ValueError(f"`monet {args.command} {args.model}` needs --input-shape, e.g. 32,3,224,224")
-    args.device = args.device or "cpu"
     args.cost_model = args.cost_model or "measured"
 
 
@@ -424,8 +422,7 @@ def _print_problem(made: ProblemFile) -> None:
     problem = made.problem
     full = simulate(problem, keep_all(problem))
     table = Table(show_header=False, title=f"{made.model} problem")
-    grad = " (needs grad)" if made.input["requires_grad"] else ""
-    table.add_row("input", f"{'x'.join(map(str, made.input['shape']))} {made.input['dtype']}{grad}")
+    table.add_row("input", _input_row(made.input))
     table.add_row("device / costs", f"{made.device} / {made.cost_model} (torch {made.meta.get('torch', '?')})")
     table.add_row("ops", f"{len(problem.forward_ops)} forward, {len(problem.backward_ops)} backward")
     table.add_row("ways to run ops", f"{len(problem.choices)} choices" if made.implementations
@@ -435,25 +432,27 @@ def _print_problem(made: ProblemFile) -> None:
     console.print(table)
 
 
+def _input_row(spec: InputSpec) -> str:
+    return f"{'x'.join(map(str, spec.shape))} {spec.dtype}" + (" (needs grad)" if spec.requires_grad else "")
+
+
 def _print_summary(schedule: ScheduleFile) -> None:
     pred, solver = schedule.predicted, schedule.solver
-    shape = "x".join(map(str, schedule.input["shape"]))
     table = Table(show_header=False, title=f"{schedule.model} schedule")
-    grad = " (needs grad)" if schedule.input["requires_grad"] else ""
-    table.add_row("input", f"{shape} {schedule.input['dtype']}{grad}")
+    table.add_row("input", _input_row(schedule.input))
     table.add_row("device / costs", f"{schedule.device} / {schedule.cost_model}")
     table.add_row("budget", format_bytes(schedule.budget))
-    table.add_row("predicted peak", f"{format_bytes(pred['peak'])} ({pred['peak'] / pred['unconstrained_peak']:.0%} "
-                                    f"of {format_bytes(pred['unconstrained_peak'])} unconstrained)")
-    overhead = pred["time"] / pred["unconstrained_time"] - 1
-    table.add_row("predicted step time", f"{pred['time'] * 1e3:.1f} ms ({overhead:+.1%})")
-    gap = f", within {solver['gap']:.2%} of its bound" if "gap" in solver else ""
-    table.add_row("solver", f"{solver['formulation']}: {solver['status']}{gap}, {solver.get('solve_time_s', 0):.2f} s")
-    saved = schedule.schedule["saved"]
+    table.add_row("predicted peak", f"{format_bytes(pred.peak)} ({pred.peak / pred.unconstrained_peak:.0%} "
+                                    f"of {format_bytes(pred.unconstrained_peak)} unconstrained)")
+    overhead = pred.time / pred.unconstrained_time - 1
+    table.add_row("predicted step time", f"{pred.time * 1e3:.1f} ms ({overhead:+.1%})")
+    gap = f", within {solver.gap:.2%} of its bound" if solver.gap is not None else ""
+    table.add_row("solver", f"{solver.formulation}: {solver.status}{gap}, {solver.solve_time_s or 0:.2f} s")
+    saved = schedule.schedule.saved
     table.add_row("kept tensors", f"{len(saved)} ({format_bytes(sum(saved.values()))})")
     console.print(table)
-    if solver.get("note"):  # a heuristic result: what it is and what would help
-        console.print(f"[yellow]note:[/yellow] {escape(solver['note'])}", soft_wrap=True)
+    if solver.note:  # a heuristic result: what it is and what would help
+        console.print(f"[yellow]note:[/yellow] {escape(_as_flags(solver.note))}", soft_wrap=True)
 
 
 def _demo(args) -> int:
@@ -485,7 +484,7 @@ def _demo(args) -> int:
                              progress=progress)
         runs[f"monet {budget}"] = (MONeTWrapper(run_model, schedule, shape), schedule)
     stats = compare_training({name: module for name, (module, _) in runs.items()}, x, loss, args.steps)
-    rows = [(name, schedule, stats[name], schedule.solver["solve_time_s"] if schedule else None)
+    rows = [(name, schedule, stats[name], schedule.solver.solve_time_s if schedule else None)
             for name, (_, schedule) in runs.items()]
     base = rows[0][2].step_time
     table = Table(title="peak memory and time of one training step (forward, backward, SGD)", box=box.SIMPLE_HEAD,
@@ -496,7 +495,7 @@ def _demo(args) -> int:
         table.add_row(
             name,
             format_bytes(schedule.budget) if schedule else "-",
-            format_bytes(schedule.predicted["peak"]) if schedule else "-",
+            format_bytes(schedule.predicted.peak) if schedule else "-",
             format_bytes(stats.peak),
             f"{stats.step_time * 1e3:.0f} ms",
             f"{stats.step_time / base - 1:+.1%}",

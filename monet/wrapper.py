@@ -9,7 +9,7 @@ from torch import nn
 
 from monet.graph import GraphAnalysis, InputSpec, TracedStep, TraceError, analyze, model_device, structure
 from monet.schedules import ScheduleFile, load_schedule
-from monet.solver import Schedule, validate
+from monet.solver import validate
 
 from .runtime import ExecutionPlan, ScheduleMismatchError, make_partition
 
@@ -30,13 +30,13 @@ class MONeTWrapper(nn.Module):
         self.model = model
         # `solution_file` is MONeT's name for the argument; inside, it is the schedule file it names
         schedule_file = solution_file if isinstance(solution_file, ScheduleFile) else load_schedule(solution_file)
-        spec = InputSpec(tuple(input_shape), schedule_file.input["dtype"], schedule_file.input["requires_grad"])
+        spec = InputSpec(tuple(input_shape), schedule_file.input.dtype, schedule_file.input.requires_grad)
         _check_input(schedule_file, spec, model)
         with _traced(model, spec, schedule_file) as step:
             analysis = analyze(step.graph_module)
             _check_graph(schedule_file, analysis, model, spec)
             problem = structure(analysis, step.graph_module)
-            schedule = Schedule.from_dict(problem, schedule_file.schedule)
+            schedule = schedule_file.schedule.on(problem)
             validate(problem, schedule)
             self._step = step.compile(make_partition(ExecutionPlan.build(analysis, problem, schedule),
                                                      self._keep_graphs))
@@ -83,16 +83,16 @@ def _traced(model: nn.Module, spec: InputSpec, schedule_file: ScheduleFile) -> T
 
 
 def _check_input(schedule_file: ScheduleFile, spec: InputSpec, model: nn.Module) -> None:
-    shape = tuple(schedule_file.input["shape"])
+    shape = schedule_file.input.shape
     if shape != spec.shape:
         raise ScheduleMismatchError(f"the schedule was made for input shape {shape}, not {spec.shape}")
     device = model_device(model).type
     if schedule_file.device != device:
         raise ScheduleMismatchError(
             f"the schedule was made for a {schedule_file.device} model, but the model is on {device}")
-    theirs = schedule_file.graph.get("param_dtypes")  # absent from files written before it was recorded
+    theirs = list(schedule_file.graph.param_dtypes)  # empty in files written before it was recorded
     ours = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
-    if theirs is not None and theirs != ours:
+    if theirs and theirs != ours:
         raise ScheduleMismatchError(
             f"the schedule was made for a model with {', '.join(theirs)} parameters, but this model's are "
             f"{', '.join(ours)} (converted with .double(), .half() or .to(dtype)?); convert it back, or solve a "
@@ -100,9 +100,9 @@ def _check_input(schedule_file: ScheduleFile, spec: InputSpec, model: nn.Module)
 
 
 def _check_graph(schedule_file: ScheduleFile, analysis: GraphAnalysis, model: nn.Module, spec: InputSpec) -> None:
-    if schedule_file.graph["fingerprint"] == analysis.fingerprint:
+    if schedule_file.graph.fingerprint == analysis.fingerprint:
         return
-    theirs = [tuple(op) for op in schedule_file.graph["ops"]]
+    theirs = list(schedule_file.graph.ops)
     ours = [(op.name, op.target, op.phase) for op in analysis.problem.ops]
     where = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
     detail = (f"op #{where}: schedule has {theirs[where][0]} ({theirs[where][1]}), model has "

@@ -6,8 +6,13 @@ from .format import (
            COST_MODELS,
            FORMAT,
            VERSION,
+           Decisions,
+           GraphRecord,
+           InputSpec,
+           Prediction,
            ScheduleFile,
            ScheduleFileError,
+           SolverRecord,
            bundled_names,
            check_writable,
            load_schedule,
@@ -23,6 +28,7 @@ from .problem_file import (
            problem_digest,
 )
 
-__all__ = ["BUNDLED_DIR", "COST_MODELS", "FORMAT", "PROBLEM_FILE_VERSION", "PROBLEM_FORMAT", "VERSION",
-           "ProblemFile", "ProblemFileError", "ScheduleFile", "ScheduleFileError", "bundled_names", "check_writable",
-           "load_problem", "load_schedule", "problem_digest", "write_atomic", "write_json"]
+__all__ = ["BUNDLED_DIR", "COST_MODELS", "FORMAT", "PROBLEM_FILE_VERSION", "PROBLEM_FORMAT", "VERSION", "Decisions",
+           "GraphRecord", "InputSpec", "Prediction", "ProblemFile", "ProblemFileError", "ScheduleFile",
+           "ScheduleFileError", "SolverRecord", "bundled_names", "check_writable", "load_problem", "load_schedule",
+           "problem_digest", "write_atomic", "write_json"]

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import jsonschema
 
 from monet.errors import MonetError
+from monet.solver import Problem, Schedule, Solution, SolverRecord, keep_all, simulate
+from monet.solver.simulate import Replay
 
 FORMAT = "monet.schedule"
 VERSION = 1
@@ -51,7 +53,17 @@ _SCHEMA = {
             "properties": {k: {"type": "number", "minimum": 0}
                            for k in ("peak", "time", "unconstrained_peak", "unconstrained_time")},
         },
-        "solver": {"type": "object", "required": ["formulation", "status"]},
+        "solver": {
+            "type": "object", "required": ["formulation", "status"], "additionalProperties": False,
+            "properties": {
+                "formulation": {"type": "string"}, "status": {"type": "string"},
+                "horizon": {"type": ["integer", "string", "null"]},
+                **{k: {"type": ["number", "null"]} for k in ("objective_s", "bound_s", "gap", "solve_time_s")},
+                "note": {"type": ["string", "null"]}, "warnings": {"type": "array", "items": {"type": "string"}},
+                "implementations": {"type": ["boolean", "null"]}, "approximate_allowed": {"type": ["boolean", "null"]},
+                "problem": {"type": ["string", "null"]},
+            },
+        },
         "cost_model": {"enum": list(COST_MODELS)},
         "graph": {
             "type": "object", "required": ["fingerprint", "ops"],
@@ -133,26 +145,162 @@ class ScheduleFileError(MonetError, ValueError):
     """A schedule file that is missing, corrupt, of an unknown version, or that cannot be written."""
 
 
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")  # input dtypes monet traces
+_FLOATS = ("float32", "float16", "bfloat16", "float64")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The one tensor a model takes: its shape, dtype and whether it wants a gradient."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    requires_grad: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if not self.shape or any(s <= 0 for s in self.shape):
+            raise ValueError(f"input shape must be positive integers, got {self.shape}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"input dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.requires_grad and self.dtype not in _FLOATS:
+            raise ValueError(f"an input of dtype {self.dtype} cannot require a gradient")
+
+    @property
+    def torch_dtype(self):
+        import torch  # only where a tensor is made: reading files needs no torch
+
+        return getattr(torch, self.dtype)
+
+    def example(self, device="cpu", seed: int = 0):
+        """A batch of this spec: standard normal for floats, zeros (valid token ids) for integers."""
+        import torch
+
+        gen = torch.Generator().manual_seed(seed)
+        if self.dtype in _FLOATS:
+            x = torch.randn(self.shape, generator=gen, dtype=self.torch_dtype)
+        else:
+            x = torch.zeros(self.shape, dtype=self.torch_dtype)
+        return x.to(device).requires_grad_(self.requires_grad)
+
+    def describe(self) -> str:
+        grad = ", requires_grad" if self.requires_grad else ""
+        return f"({', '.join(map(str, self.shape))}) {self.dtype}{grad}"
+
+    def to_dict(self) -> dict:
+        return {"shape": list(self.shape), "dtype": self.dtype, "requires_grad": self.requires_grad}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the simulator predicts for the schedule, and for keeping everything (bytes, seconds)."""
+
+    peak: int
+    time: float
+    unconstrained_peak: int
+    unconstrained_time: float
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    """The graph a schedule was made for: its fingerprint, its ops as (name, target, phase), and
+    the dtypes of the model's parameters (empty in files written before they were recorded)."""
+
+    fingerprint: str
+    ops: tuple[tuple[str, str, str], ...]
+    param_dtypes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"fingerprint": self.fingerprint, "ops": [list(op) for op in self.ops],
+                **({"param_dtypes": list(self.param_dtypes)} if self.param_dtypes else {})}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GraphRecord:
+        return cls(data["fingerprint"], tuple(tuple(op) for op in data["ops"]), tuple(data.get("param_dtypes", ())))
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """A schedule in graph names: each choice's option (and, for those that change gradients, the
+    relative error measured when profiling), the forward tensors kept (with their sizes) and the
+    backward sequence, in which every forward op is a recomputation."""
+
+    saved: dict[str, int]
+    backward: tuple[str, ...]
+    options: dict[str, str] = field(default_factory=dict)
+    approximate: dict[str, float | None] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, problem: Problem, schedule: Schedule) -> Decisions:
+        options = dict(sorted(schedule.options.items()))
+        return cls(saved={t.name: t.bytes for t in sorted((problem.tensors[i] for i in schedule.saved),
+                                                          key=lambda t: t.name)},
+                   backward=tuple(problem.ops[i].name for i in schedule.backward),
+                   options=options,
+                   approximate={c: problem.choice_named[c].error(o) for c, o in options.items()
+                                if o in problem.choice_named[c].approximate})
+
+    def on(self, problem: Problem) -> Schedule:
+        """These decisions as a Schedule of `problem` (ScheduleError if it lacks a name)."""
+        return Schedule.from_names(problem, self.saved, self.backward, self.options)
+
+    def to_dict(self) -> dict:
+        return {"options": self.options, "approximate": self.approximate, "saved": self.saved,
+                "backward": list(self.backward)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Decisions:
+        return cls(dict(data["saved"]), tuple(data["backward"]), dict(data.get("options", {})),
+                   dict(data.get("approximate", {})))
+
+
 @dataclass(frozen=True)
 class ScheduleFile:
-    """Everything a schedule file holds; `schedule` is in graph names."""
+    """Everything a schedule file holds: which model, input, device and graph it is for, its budget,
+    what it is predicted to cost, what made it, and its decisions."""
 
     model: str
-    input: dict  # {"shape": [...], "dtype": str, "requires_grad": bool}
+    input: InputSpec
     device: str
     budget: int
-    predicted: dict  # peak, time, unconstrained_peak, unconstrained_time (bytes, seconds)
-    solver: dict
+    predicted: Prediction
+    solver: SolverRecord
     cost_model: str
-    graph: dict  # {"fingerprint": str, "ops": [[name, target, phase], ...]}
-    # {"options": {choice: option}, "approximate": {choice: measured relative gradient error},
-    #  "saved": {tensor: bytes}, "backward": [op]}
-    schedule: dict
+    graph: GraphRecord
+    schedule: Decisions
     format: str = FORMAT
     version: int = VERSION
 
+    @classmethod
+    def of(cls, problem: Problem, schedule: Schedule, model: str, *, budget: int, solver: SolverRecord,
+           replay: Replay | None = None, unconstrained: Replay | None = None) -> ScheduleFile:
+        """Any schedule of `problem` (the ILP's, or a baseline's) as the file MONeTWrapper runs.
+        `replay` (of `schedule`) and `unconstrained` (of keep_all(problem)), where the caller has them,
+        spare simulating them again."""
+        unconstrained = simulate(problem, keep_all(problem)) if unconstrained is None else unconstrained
+        replay = simulate(problem, schedule) if replay is None else replay
+        meta = problem.meta
+        return cls(
+            model=model, input=InputSpec(**meta["input"]), device=meta["device"], budget=budget,
+            predicted=Prediction(replay.peak, replay.time, unconstrained.peak, unconstrained.time),
+            solver=solver, cost_model=meta["cost_model"],
+            graph=GraphRecord(meta["fingerprint"], tuple((op.name, op.target, op.phase) for op in problem.ops),
+                              tuple(sorted({t.dtype for t in problem.tensors if t.role == "param" and t.dtype}))),
+            schedule=Decisions.of(problem, schedule))
+
+    @classmethod
+    def from_solution(cls, problem: Problem, solution: Solution, model: str, *, unconstrained: Replay | None = None,
+                      **record) -> ScheduleFile:
+        """The solver's result as a file, from its own replay; `record` adds to its SolverRecord
+        (the settings that shaped it, the problem file it came from)."""
+        return cls.of(problem, solution.schedule, model, budget=int(solution.budget), solver=solution.record(**record),
+                      replay=solution.replay, unconstrained=unconstrained)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"model": self.model, "input": self.input.to_dict(), "device": self.device, "budget": self.budget,
+                "predicted": asdict(self.predicted), "solver": self.solver.to_dict(), "cost_model": self.cost_model,
+                "graph": self.graph.to_dict(), "schedule": self.schedule.to_dict(), "format": self.format,
+                "version": self.version}
 
     def save(self, path: str | os.PathLike) -> Path:
         return write_json(path, self.to_dict())
@@ -168,10 +316,15 @@ class ScheduleFile:
             )
         try:
             jsonschema.validate(data, _SCHEMA)
+            return cls(model=data["model"], input=InputSpec(**data["input"]), device=data["device"],
+                       budget=data["budget"], predicted=Prediction(**data["predicted"]),
+                       solver=SolverRecord.from_dict(data["solver"]), cost_model=data["cost_model"],
+                       graph=GraphRecord.from_dict(data["graph"]), schedule=Decisions.from_dict(data["schedule"]))
         except jsonschema.ValidationError as exc:
             where = "/".join(map(str, exc.absolute_path)) or "top level"
             raise ScheduleFileError(f"{source} is corrupt at {where}: {exc.message}") from None
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        except (TypeError, ValueError) as exc:  # a field the schema leaves open, of the wrong kind
+            raise ScheduleFileError(f"{source} is corrupt: {exc}") from None
 
 
 def bundled_names() -> list[str]:

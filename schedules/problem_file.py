@@ -31,7 +31,7 @@ import jsonschema
 from monet.solver import Problem
 from monet.solver.problem import PHASES, PROBLEM_VERSION, ROLES, ProblemError
 
-from .format import COST_MODELS, DEVICES, INPUT_SCHEMA, ScheduleFileError, write_atomic
+from .format import COST_MODELS, DEVICES, INPUT_SCHEMA, InputSpec, ScheduleFileError, write_atomic
 from .format import FORMAT as SCHEDULE_FORMAT
 
 PROBLEM_FORMAT = "monet.problem"
@@ -148,8 +148,8 @@ class ProblemFile:
         return self.meta["model"]
 
     @property
-    def input(self) -> dict:
-        return self.meta["input"]
+    def input(self) -> InputSpec:
+        return InputSpec(**self.meta["input"])
 
     @property
     def device(self) -> str:

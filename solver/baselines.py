@@ -20,7 +20,7 @@ from .stages import Stages
 def _as_pytorch(problem: Problem, build: Callable[[Problem], Schedule]) -> Schedule:
     """`build`'s schedule for the problem as PyTorch runs it, mapped back to `problem`'s ids."""
     plain = problem.resolve({c.name: c.options[0] for c in problem.choices})
-    return Schedule.from_dict(problem, build(plain).to_dict(plain))
+    return build(plain).remap(plain, problem)
 
 
 def chen_sqrt(problem: Problem) -> Schedule:

@@ -189,7 +189,7 @@ def checkmate(problem: Problem, budget: int, *, time_limit: float = 60.0, seed: 
     if result.values is None:
         raise SolverFailedError(f"HiGHS stopped ({result.status}) before finding any Checkmate schedule within "
                                 f"{time_limit:g} s; raise the time limit or the budget")
-    schedule = Schedule.from_dict(problem, model.schedule(result.values).to_dict(plain))
+    schedule = model.schedule(result.values).remap(plain, problem)
     objective = model.fixed_time + result.objective / 1e3
     bound = min(objective, model.fixed_time + max(0.0, result.bound) / 1e3)
     return Solution(schedule, simulate(problem, schedule), budget, Checkmate.name, result.status, objective, bound,

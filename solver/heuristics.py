@@ -175,7 +175,7 @@ def warm_starts(problem: Problem, budget: int | None, option_sets: list[dict[str
         plain = problem.resolve(options)
 
         def posed(schedule: Schedule, plain=plain, options=options) -> Schedule:
-            return Schedule.from_dict(problem, {**schedule.to_dict(plain), "options": options})
+            return schedule.remap(plain, problem, options)
 
         found = best_first_need(plain, budget, None if horizon is None else lambda s: stages.admits(posed(s)))
         if not found:

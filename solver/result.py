@@ -1,8 +1,11 @@
-"""What every solver returns, and how it fails."""
+"""What every solver returns, and how it fails.
+
+Messages and notes for people name the settings that would help as SolveSettings fields in
+backticks (`time_limit`, `formulation='general'`), so that the CLI can say them as its flags."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from monet.errors import MonetError
 
@@ -37,25 +40,16 @@ class InfeasibleBudgetError(MonetError, ValueError):
             detail = f"cannot be met: the least peak found is {format_bytes(least.found)} ({least.found} bytes)"
             if least.bound > 0:
                 detail += f", and no schedule{within} peaks below {format_bytes(least.bound)}"
-        # settings that may reach a lower peak (SolveSettings fields), said as HINTS says them
-        self.alternatives = (("formulation", "horizon") if least.horizon is not None else ("formulation",)) \
-            if formulation == "compact" else ()
         sure = ""
         if least.sure is not None and least.sure > least.found:
             sure = (f" (from {format_bytes(least.sure)} up a heuristic schedule fits, which the search starts "
                     "from, so a schedule is sure there)")
-        self.reason = f"budget {format_bytes(budget)} {detail}; raise the budget to at least that{sure}"
-        super().__init__(self.message(self.HINTS))
-
-    # how the library says each alternative; the CLI says them as its flags
-    HINTS = {"formulation": "the general formulation (formulation='general'), which recomputes more than once",
-             "horizon": "a longer horizon"}
-
-    def message(self, hints: dict[str, str]) -> str:
-        """The error, with the alternatives said as `hints` (setting -> words) say them."""
-        if not self.alternatives:
-            return self.reason
-        return f"{self.reason} or try " + ", or ".join(hints[name] for name in self.alternatives)
+        message = f"budget {format_bytes(budget)} {detail}; raise the budget to at least that{sure}"
+        if formulation == "compact":  # settings that may reach a lower peak
+            message += " or try `formulation='general'`, which recomputes more than once"
+            if least.horizon is not None:
+                message += ", or a longer `horizon`"
+        super().__init__(message)
 
 
 class SolverFailedError(MonetError, RuntimeError):
@@ -89,18 +83,39 @@ class Solution:
     def peak(self) -> int:
         return self.replay.peak
 
-    def summary(self) -> dict:
-        return {
-            "formulation": self.formulation,
-            "status": self.status,
-            "horizon": self.horizon,
-            "objective_s": self.objective,
-            "bound_s": self.bound,
-            "gap": self.gap,
-            "solve_time_s": self.solve_time,
-            **({"note": self.note} if self.note else {}),
-            **({"warnings": list(self.warnings)} if self.warnings else {}),
-        }
+    def record(self, **extra) -> SolverRecord:
+        """How this solution was found, as a schedule file records it; `extra` adds the settings
+        that shaped it (SolverRecord's fields)."""
+        return SolverRecord(self.formulation, self.status, self.horizon, self.objective, self.bound, self.gap,
+                            self.solve_time, self.note or None, self.warnings, **extra)
+
+
+@dataclass(frozen=True)
+class SolverRecord:
+    """What made the schedule: the formulation or strategy, how its search ended, and (for the ILP)
+    its objective, bound, gap, time, notes and the settings that shaped it."""
+
+    formulation: str
+    status: str
+    horizon: int | str | None = None
+    objective_s: float | None = None
+    bound_s: float | None = None
+    gap: float | None = None
+    solve_time_s: float | None = None
+    note: str | None = None
+    warnings: tuple[str, ...] = ()
+    implementations: bool | None = None
+    approximate_allowed: bool | None = None
+    problem: str | None = None  # digest of the problem file it was solved from
+
+    def to_dict(self) -> dict:
+        """The fields that say something (None and empty ones are left out)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
+                if v is not None and v != ()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SolverRecord:
+        return cls(**{**data, "warnings": tuple(data.get("warnings", ()))})
 
 
 def format_bytes(n: float) -> str:

@@ -51,26 +51,26 @@ class Schedule:
         """Ids of forward ops that the backward reruns, in sequence order."""
         return [i for i in self.backward if problem.ops[i].phase == "forward"]
 
-    def to_dict(self, problem: Problem) -> dict:
-        """Name-based form for schedule files: stable and readable."""
-        return {
-            "options": dict(sorted(self.options.items())),
-            "saved": sorted(problem.tensors[t].name for t in self.saved),
-            "backward": [problem.ops[i].name for i in self.backward],
-        }
-
     @classmethod
-    def from_dict(cls, problem: Problem, data: dict) -> Schedule:
+    def from_names(cls, problem: Problem, saved, backward, options: dict[str, str] | None = None) -> Schedule:
+        """The schedule of `problem` that saves the tensors and runs the ops so named, with `options`."""
         try:
-            saved = frozenset(problem.tensor_named(n).id for n in data["saved"])
-            backward = tuple(problem.op_named(n).id for n in data["backward"])
-            options = dict(data.get("options", {}))
+            saved_ids = frozenset(problem.tensor_named(n).id for n in saved)
+            backward_ids = tuple(problem.op_named(n).id for n in backward)
+            options = dict(options or {})
             for choice, option in options.items():
                 if option not in problem.choice_named[choice].options:
                     raise ScheduleError(f"choice {choice!r} has no option {option!r}")
         except KeyError as exc:
             raise ScheduleError(f"schedule names {exc} which this graph does not have") from exc
-        return cls(saved=saved, backward=backward, options=options)
+        return cls(saved=saved_ids, backward=backward_ids, options=options)
+
+    def remap(self, source: Problem, target: Problem, options: dict[str, str] | None = None) -> Schedule:
+        """This schedule of `source` as one of `target`, a problem with the same names (an edited
+        copy: a posed or plain form of it); `options`, where given, replace its own."""
+        return Schedule.from_names(target, (source.tensors[t].name for t in self.saved),
+                                   (source.ops[i].name for i in self.backward),
+                                   self.options if options is None else options)
 
 
 def keep_all(problem: Problem, options: dict[str, str] | None = None) -> Schedule:

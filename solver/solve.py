@@ -243,7 +243,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     # schedule, and (the general formulation does not start from it) the best one so far.
     fallbacks = []
     if found:
-        first = Schedule.from_dict(problem, found.schedule.to_dict(posed))
+        first = found.schedule.remap(posed, problem)
         fallbacks.append((first, simulate(problem, first)))
     if incumbent and kind != "compact":
         fallbacks.append(incumbent)
@@ -278,7 +278,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         if result.status == "infeasible" or (least is not None and least.bound > budget):
             raise InfeasibleBudgetError(budget, least, formulation.name)
         raise SolverFailedError(_no_schedule_message(budget, unconstrained.peak, time_limit, least))
-    schedule = Schedule.from_dict(problem, formulation.schedule(result.values).to_dict(posed))
+    schedule = formulation.schedule(result.values).remap(posed, problem)
     replay = simulate(problem, schedule)
     objective = formulation.fixed_time + result.objective / 1e3
     bound = formulation.fixed_time + max(0.0, result.bound) / 1e3
@@ -300,7 +300,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     if outside and replaced and not warnings:
         note = (f"this is the starting schedule: it reruns ops further ahead of their use than the horizon of "
                 f"{formulation.stages.horizon} stages allows, so it lies outside the ILP posed; the bound holds for "
-                "the ILP's schedules only. A longer --horizon would pose it")
+                "the ILP's schedules only. A longer `horizon` would pose it")
     status = ("heuristic" if replaced else "unverified") if warnings else result.status
     solution = _solution(schedule, replay, budget, formulation, status, objective, 0.0 if warnings else bound, began)
     return dataclasses.replace(solution, note=_with_warnings(note, warnings), warnings=tuple(warnings))
@@ -361,17 +361,17 @@ def _heuristic_note(status: str, time_limit: float, highs_seconds: float, gap: f
         why = (f"the starting schedule reruns ops further ahead of their use than the horizon of {outside} stages "
                "allows, so it is no solution of the ILP posed, which has none at this budget: a limit of the "
                "horizon, not of the budget (the simulator finds the starting schedule within it)")
-        helps = "a longer --horizon"
+        helps = "a longer `horizon`"
     elif status == "infeasible":
         why = (f"the {formulation} formulation admits no schedule at this budget (its memory rows count "
                "conservatively; the simulator finds the heuristic's schedule within it)")
         helps = "a higher budget"
         if formulation == "compact":
-            helps += ", --formulation general or a longer --horizon"
+            helps += ", `formulation='general'` or a longer `horizon`"
     else:
         why = (f"the search found no schedule within the time limit of {time_limit:g} s (HiGHS had {highs_seconds:.0f} "
                "s of it; the stages before it took the rest)")
-        helps = f"a longer --time-limit than {time_limit:g} s, or a higher budget"
+        helps = f"a longer `time_limit` than {time_limit:g} s, or a higher budget"
     return (f"this is the heuristic's starting schedule: {why}; its step time is {gap:.0%} above the bound on the "
             f"best. What would help: {helps}")
 
@@ -384,16 +384,16 @@ def _no_schedule_message(budget: int, unconstrained: int, time_limit: float, lea
 
     text = f"the search found no schedule within {time_limit:g} s at the budget of {size(budget)}"
     if least is None:
-        return text + f", nor at any budget in another {time_limit:g} s; a longer --time-limit may find one"
+        return text + f", nor at any budget in another {time_limit:g} s; a longer `time_limit` may find one"
     helps = []
     if least.sure is not None:
         helps.append(f"a budget of at least {size(least.sure)}: from there up a heuristic schedule fits, which the "
                      "search starts from, so it always returns a schedule")
     if least.found <= budget:
-        helps.append(f"a longer --time-limit: the least peak found is {size(least.found)}, so schedules within "
+        helps.append(f"a longer `time_limit`: the least peak found is {size(least.found)}, so schedules within "
                      "this budget exist")
     else:
-        helps.append(f"a longer --time-limit with a budget of at least the least peak found, {size(least.found)}")
+        helps.append(f"a longer `time_limit` with a budget of at least the least peak found, {size(least.found)}")
     return f"{text}. What would work: {'; or '.join(helps)}"
 
 
@@ -456,12 +456,12 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
                                     warm=formulation.warm_start(start.dropped, start.options) if start else None,
                                     progress=_watch(progress, "least peak: solving", began, time_limit, peak))
     # (peak, schedule): the heuristic schedule's peak stands if HiGHS does no better
-    found = [(start.replay.peak, Schedule.from_dict(problem, start.schedule.to_dict(posed)))] if start else []
+    found = [(start.replay.peak, start.schedule.remap(posed, problem))] if start else []
     if incumbent:
         found.append((alone.found, incumbent))
     if result.values is not None:
         found.append((formulation.memory.least_budget(result.values[formulation.memory.peak]),
-                      Schedule.from_dict(problem, formulation.schedule(result.values).to_dict(posed))))
+                      formulation.schedule(result.values).remap(posed, problem)))
     if not found:
         raise SolverFailedError(f"HiGHS found no schedule at any budget within {time_limit:g} s ({result.status})")
     least, schedule = min(found, key=lambda pair: pair[0])

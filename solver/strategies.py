@@ -16,26 +16,31 @@ from .baselines import chen_greedy, chen_sqrt
 from .checkmate import checkmate
 from .options import SolveSettings, settings_of
 from .problem import Problem
-from .result import Solution
+from .result import Solution, SolverRecord
 from .schedule import Schedule, keep_all
 from .solve import solve
 
 
 @dataclass(frozen=True)
 class Planned:
-    """A strategy's schedule, its status ("optimal", "time_limit", "heuristic", ...), its proven gap
-    (None where no bound is claimed: the baselines) and `solver`, a schedule file's record of how it
-    was made ("formulation" and "status" at least)."""
+    """A strategy's schedule and `solver`, the record of how it was made: its status ("optimal",
+    "time_limit", "heuristic", ...) and proven gap (None where no bound is claimed: the baselines)."""
 
     schedule: Schedule
-    status: str
-    gap: float | None
-    solver: dict
+    solver: SolverRecord
+
+    @property
+    def status(self) -> str:
+        return self.solver.status
+
+    @property
+    def gap(self) -> float | None:
+        return self.solver.gap
 
     @classmethod
     def of(cls, solution: Solution, **record) -> Planned:
-        """A solver's Solution; `record` adds to its summary."""
-        return cls(solution.schedule, solution.status, solution.gap, {**solution.summary(), **record})
+        """A solver's Solution; `record` adds to its SolverRecord."""
+        return cls(solution.schedule, solution.record(**record))
 
 
 class Strategy(NamedTuple):
@@ -62,7 +67,7 @@ def _checkmate(problem: Problem, budget: int, settings: SolveSettings | None = N
 
 def _baseline(name: str, build: Callable[[Problem, int | None], Schedule]) -> Callable[..., Planned]:
     def run(problem: Problem, budget: int | None = None, settings: SolveSettings | None = None, **_) -> Planned:
-        return Planned(build(problem, budget), "heuristic", None, {"formulation": name, "status": "heuristic"})
+        return Planned(build(problem, budget), SolverRecord(name, "heuristic"))
     return run
 
 

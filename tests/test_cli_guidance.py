@@ -59,4 +59,5 @@ def test_a_heuristic_result_says_so_how_far_from_its_bound_and_what_would_help(t
     note = " ".join(out[out.index("note:"):].split())
     assert note.startswith("note: this is the heuristic's starting schedule")
     assert f"its step time is {solver['gap']:.0%} above the bound" in note
-    assert "What would help: a higher budget" in note and solver["note"] in note
+    assert "What would help: a higher budget, --formulation general or a longer --horizon" in note
+    assert solver["note"].endswith("a higher budget, `formulation='general'` or a longer `horizon`")  # library terms

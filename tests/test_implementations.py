@@ -54,7 +54,7 @@ def test_each_exact_option_trains_like_pytorch(option):
     schedule = solve_traced(problem, "70%", type(model).__name__, options=forced, time_limit=30)
     def changed(options):
         return {c: o for c, o in options.items() if o != problem.choice_named[c].options[0]}
-    assert changed(schedule.schedule["options"]) == changed(forced) != {}
+    assert changed(schedule.schedule.options) == changed(forced) != {}
     wrapped = MONeTWrapper(model, schedule, shape)
     assert kernel in targets(wrapped.graphs["backward"])  # the schedule's option is what runs
     errors = gradient_errors(wrapped, model, reference, small_batch(name))
@@ -65,7 +65,7 @@ def test_distilbert_trains_like_pytorch_with_packed_dropout_masks():
     model, shape, problem = traced("distilbert")
     reference = copy.deepcopy(model)
     schedule = solve_traced(problem, "60%", type(model).__name__, options=forcing(problem, "bits"), time_limit=30)
-    assert schedule.predicted["peak"] <= schedule.budget
+    assert schedule.predicted.peak <= schedule.budget
     wrapped = MONeTWrapper(model, schedule, shape)
     assert kernels.dropout_backward_from_mask in targets(wrapped.graphs["backward"])
     errors = gradient_errors(wrapped, model, reference, small_batch("distilbert"))
@@ -79,14 +79,14 @@ def test_approximate_activation_codes_only_when_allowed_and_their_error_is_repor
     assert gelus and all(c.name.startswith(activation) for c in gelus)
     assert all(0 < c.error("2bit") < 0.5 for c in gelus)  # measured while profiling
     exact = solve_traced(problem, "60%", "Transformer", time_limit=30)
-    assert "2bit" not in exact.schedule["options"].values() and exact.schedule["approximate"] == {}
+    assert "2bit" not in exact.schedule.options.values() and exact.schedule.approximate == {}
     with pytest.raises(ValueError, match="changes gradients"):
         solve_traced(problem, "60%", "Transformer", options=forcing(problem, "2bit"), time_limit=30)
     approx = solve_traced(problem, "60%", "Transformer", options=forcing(problem, "2bit"),
                           allow_approximate=True, time_limit=30)
-    assert approx.solver["approximate_allowed"]
-    assert set(approx.schedule["approximate"]) == {c.name for c in gelus}
-    assert all(0 < err < 0.5 for err in approx.schedule["approximate"].values())
+    assert approx.solver.approximate_allowed
+    assert set(approx.schedule.approximate) == {c.name for c in gelus}
+    assert all(0 < err < 0.5 for err in approx.schedule.approximate.values())
     reference = copy.deepcopy(model)
     wrapped = MONeTWrapper(model, approx, shape)
     assert kernels.backward_from_codes in targets(wrapped.graphs["backward"])
@@ -101,7 +101,7 @@ def test_batch_norm_from_output_is_approximate_and_close_on_a_fresh_model():
     assert norms and all(0 <= c.error("output") < 1e-5 for c in norms)
     forced = forcing(problem, "output")
     schedule = solve_traced(problem, "70%", "ResidualCNN", options=forced, allow_approximate=True, time_limit=30)
-    assert set(schedule.schedule["approximate"]) == {c.name for c in norms}
+    assert set(schedule.schedule.approximate) == {c.name for c in norms}
     wrapped = MONeTWrapper(model, schedule, shape)
     assert kernels.batch_norm_backward_from_output in targets(wrapped.graphs["backward"])
     errors = gradient_errors(wrapped, model, copy.deepcopy(model), small_batch("cnn"))
@@ -115,10 +115,10 @@ def test_other_convolution_algorithms_are_approximate_with_their_error_measured(
         pytest.skip("one convolution implementation on this machine")
     assert all(c.approximate == c.options[1:] and 0 <= c.error(c.options[1]) < 1e-4 for c in convs)
     schedule = solve_traced(problem, "100%", "ResidualCNN", time_limit=30)
-    assert all(schedule.schedule["options"].get(c.name, c.options[0]) == c.options[0] for c in convs)
+    assert all(schedule.schedule.options.get(c.name, c.options[0]) == c.options[0] for c in convs)
     approx = solve_traced(problem, "100%", "ResidualCNN", options=forcing(problem, convs[0].options[1]),
                           allow_approximate=True, time_limit=30)
-    assert set(approx.schedule["approximate"]) == {c.name for c in convs}
+    assert set(approx.schedule.approximate) == {c.name for c in convs}
     wrapped = MONeTWrapper(model, approx, shape)
     assert kernels.convolution_backward_native in targets(wrapped.graphs["backward"])
     errors = gradient_errors(wrapped, model, copy.deepcopy(model), small_batch("cnn"))
@@ -132,15 +132,15 @@ def test_joint_choice_is_never_slower_than_checkpointing_and_runs_within_budget(
     # the time limit): an independent joint solve is no slower only when both reach their optimum
     # in time, which a loaded machine does not promise (5.61 against 5.45 ms seen once).
     joint = solve_traced(problem, "70%", "ResidualCNN", time_limit=20, start=alone)
-    assert all(o == problem.choice_named[c].options[0] for c, o in alone.schedule["options"].items())
-    assert joint.predicted["time"] <= alone.predicted["time"] * (1 + 1e-4) + 1e-9
+    assert all(o == problem.choice_named[c].options[0] for c, o in alone.schedule.options.items())
+    assert joint.predicted.time <= alone.predicted.time * (1 + 1e-4) + 1e-9
     wrapped = MONeTWrapper(model, joint, shape)
     x = small_batch("cnn")
     model.zero_grad(set_to_none=True)
     with PeakMemory("cpu", resident_bytes(model, x)) as meter:
         wrapped(x).sum().backward()
     assert meter.peak <= joint.budget
-    assert abs(meter.peak - joint.predicted["peak"]) <= 0.03 * meter.peak, (meter.peak, joint.predicted["peak"])
+    assert abs(meter.peak - joint.predicted.peak) <= 0.03 * meter.peak, (meter.peak, joint.predicted.peak)
     del x
 
 
@@ -167,9 +167,9 @@ def test_dropout_reruns_from_its_saved_generator_state_below_checkpointings_leas
     with pytest.raises(InfeasibleBudgetError):
         solve_traced(problem, budget, "DistilBertQA", implementations=False, time_limit=20)
     schedule = solve_traced(problem, budget, "DistilBertQA", time_limit=30)
-    forward = {name for name, target, phase in schedule.graph["ops"] if target == "aten.native_dropout.default"}
-    rerun = [name for name in schedule.schedule["backward"] if name in forward]
-    assert rerun and all(schedule.schedule["options"][f"{name}:mask"] == "replay" for name in rerun)
+    forward = {name for name, target, phase in schedule.graph.ops if target == "aten.native_dropout.default"}
+    rerun = [name for name in schedule.schedule.backward if name in forward]
+    assert rerun and all(schedule.schedule.options[f"{name}:mask"] == "replay" for name in rerun)
     reference = copy.deepcopy(model)
     wrapped = MONeTWrapper(model, schedule, shape)
     assert kernels.dropout_rerun in targets(wrapped.graphs["backward"])
@@ -177,4 +177,4 @@ def test_dropout_reruns_from_its_saved_generator_state_below_checkpointings_leas
     assert max(errors.values()) < 1e-5, errors
     measured = compare_training({"monet": wrapped}, small_batch("distilbert"), lambda out: out.sum(), steps=1)
     assert measured["monet"].peak <= budget + 64  # + the loss scalar
-    assert abs(measured["monet"].peak - schedule.predicted["peak"]) <= 0.01 * schedule.predicted["peak"]
+    assert abs(measured["monet"].peak - schedule.predicted.peak) <= 0.01 * schedule.predicted.peak

@@ -60,7 +60,7 @@ UNET = FOLDER / "solution_un_11_inplace_conv_multiway_newnode_10.00.pkl"
 @pytest.mark.skipif(not UNET.exists(), reason="MONeT's instances are not in ../shared/monet-instances")
 def test_gurobis_own_schedule_converts_and_replays_within_budget_and_its_objective():
     from benchmarks.monet_convert import UNIT, budget_bytes, convert, gurobi_objective, gurobi_schedule
-    from solver.simulate import simulate
+    from monet.solver import simulate
 
     instance = read_instance(UNET)
     expected = float(instance.solution.runtime_expected)

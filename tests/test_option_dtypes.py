@@ -34,10 +34,11 @@ from conftest import rel_err
 from torch import nn
 
 from monet import MONeTWrapper
-from monet.api import schedule_file, trace_problem
+from monet.api import trace_problem
 from monet.graph import InputSpec, kernels
 from monet.models import Transformer
-from monet.solver import Schedule, validate
+from monet.schedules import ScheduleFile
+from monet.solver import Schedule, SolverRecord, validate
 from monet.solver.heuristics import recompute_at_first_need
 from monet.solver.schedule import DROPPABLE_ROLES
 
@@ -120,8 +121,8 @@ def run(name: str, mode: str, options: dict[str, str]):
     """(output and gradients under a rerun-everything schedule with `options`, the wrapped module)."""
     model, shape, dtype, problem = traced(name, mode)
     copy_ = copy.deepcopy(model)
-    schedule = schedule_file(problem, rerun_everything(problem, options), type(model).__name__, budget=2**40,
-                             solver={"formulation": "rerun-everything", "status": "heuristic"})
+    schedule = ScheduleFile.of(problem, rerun_everything(problem, options), type(model).__name__, budget=2**40,
+                               solver=SolverRecord("rerun-everything", "heuristic"))
     wrapped = MONeTWrapper(copy_, schedule, shape)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(dtype)
     return step(wrapped, list(copy_.parameters()), x), wrapped

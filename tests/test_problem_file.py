@@ -4,6 +4,7 @@ MONeTWrapper on the model it was profiled from (and only there)."""
 
 import copy
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from monet.memory import PeakMemory, resident_bytes
 from monet.models import MLP
 from monet.schedules import (
     PROBLEM_FILE_VERSION,
+    InputSpec,
     ProblemFile,
     ProblemFileError,
     ScheduleFileError,
@@ -57,7 +59,7 @@ def cli(capsys, *argv):
 
 def test_problem_round_trips_through_its_file(tmp_path):
     made = profiled()
-    assert made.model == "MLP" and made.input == {"shape": list(SHAPE), "dtype": "float32", "requires_grad": True}
+    assert made.model == "MLP" and made.input == InputSpec(SHAPE, "float32", True)
     assert made.device == "cpu" and made.cost_model == "analytic" and made.implementations
     assert made.problem.choices, "the MLP's ReLUs and dropout have other ways to run"
     path = made.save(tmp_path / "deep" / "mlp.problem.json")
@@ -84,17 +86,17 @@ def test_profile_solve_problem_then_train_like_pytorch(tmp_path, capsys):
     assert code == 0, err
     assert f"wrote {problem_path}" in printed and "graph fingerprint" in printed
     made = load_problem(problem_path)
-    assert made.model == "MLP" and made.cost_model == "analytic" and made.input["requires_grad"]
+    assert made.model == "MLP" and made.cost_model == "analytic" and made.input.requires_grad
     code, printed, err = cli(capsys, "solve", "--problem", problem_path, "--budget", "60%", "-o", out,
                              "--time-limit", "30")
     assert code == 0, err
     assert "wrote" in printed and out.exists()
     schedule = load_schedule(out)
-    assert schedule.graph["fingerprint"] == made.fingerprint and schedule.solver["problem"] == made.digest
+    assert schedule.graph.fingerprint == made.fingerprint and schedule.solver.problem == made.digest
     assert schedule.model == "MLP" and schedule.input == made.input and schedule.cost_model == "analytic"
-    assert schedule.predicted["peak"] <= schedule.budget == int(0.6 * schedule.predicted["unconstrained_peak"])
-    forward = {name for name, _, phase in schedule.graph["ops"] if phase == "forward"}
-    assert any(name in forward for name in schedule.schedule["backward"]), "60 % needs recomputation"
+    assert schedule.predicted.peak <= schedule.budget == int(0.6 * schedule.predicted.unconstrained_peak)
+    forward = {name for name, _, phase in schedule.graph.ops if phase == "forward"}
+    assert any(name in forward for name in schedule.schedule.backward), "60 % needs recomputation"
 
     model = small_net()  # the same model, built again where it trains
     reference = copy.deepcopy(model)
@@ -112,7 +114,7 @@ def test_profile_solve_problem_then_train_like_pytorch(tmp_path, capsys):
             F.cross_entropy(out, target).backward()
             del out
         # measured = predicted, but for the loss scalar the caller makes (the prediction leaves it out)
-        assert 0 <= meter.peak - schedule.predicted["peak"] <= 16, (meter.peak, schedule.predicted["peak"])
+        assert 0 <= meter.peak - schedule.predicted.peak <= 16, (meter.peak, schedule.predicted.peak)
         del xi
 
 
@@ -127,10 +129,10 @@ def test_solved_from_the_file_is_solved_directly(tmp_path):
         assert from_file.predicted == direct.predicted and from_file.budget == direct.budget
         assert from_file.graph == direct.graph
         assert from_file.model == direct.model and from_file.device == direct.device
-        assert from_file.input == json.loads(json.dumps(direct.input))  # lists where the traced meta has tuples
-        assert {k: v for k, v in from_file.solver.items() if k not in ("solve_time_s", "problem")} == \
-            {k: v for k, v in direct.solver.items() if k != "solve_time_s"}
-        assert from_file.solver["problem"] == made.digest
+        assert from_file.input == direct.input
+        assert dataclasses.replace(from_file.solver, solve_time_s=None, problem=None) == \
+            dataclasses.replace(direct.solver, solve_time_s=None)
+        assert from_file.solver.problem == made.digest
         saved = from_file.save(tmp_path / f"{budget[:-1]}.json")
         assert load_schedule(saved) == from_file  # the same schedule format, valid
 
@@ -167,8 +169,8 @@ assert not any(m.startswith(("torch", "monet.graph", "monet.wrapper", "monet.run
                           cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     schedule = load_schedule(out)
-    assert schedule.graph["fingerprint"] == profiled().fingerprint
-    assert schedule.predicted["peak"] <= schedule.budget
+    assert schedule.graph.fingerprint == profiled().fingerprint
+    assert schedule.predicted.peak <= schedule.budget
     assert load_schedule(by_cli).schedule == schedule.schedule
     monet.MONeTWrapper(small_net(), out, SHAPE)  # and it loads where the model is
 
@@ -269,5 +271,5 @@ def test_pareto_from_a_problem_file(tmp_path, capsys):
     monet_rows = [r for r in rows if r["strategy"] == "monet"]
     assert all(r["status"] == "optimal" and int(r["peak"]) <= int(r["budget"]) for r in monet_rows)
     direct = solve_traced(profiled().problem, "60%", "MLP", time_limit=20)
-    assert float(monet_rows[0]["time"]) == pytest.approx(direct.predicted["time"], rel=1e-9)
+    assert float(monet_rows[0]["time"]) == pytest.approx(direct.predicted.time, rel=1e-9)
     assert "MLP 512x32, cpu, analytic costs" in (tmp_path / "sweep" / "pareto.md").read_text()

@@ -5,16 +5,24 @@ import os
 
 import pytest
 
-from monet.schedules import ScheduleFile, ScheduleFileError, load_schedule
+from monet.schedules import (
+    Decisions,
+    GraphRecord,
+    InputSpec,
+    Prediction,
+    ScheduleFile,
+    ScheduleFileError,
+    SolverRecord,
+    load_schedule,
+)
 
 
 def sample() -> ScheduleFile:
     return ScheduleFile(
-        model="Net", input={"shape": [2, 3], "dtype": "float32", "requires_grad": False}, device="cpu",
-        budget=1000, predicted={"peak": 900, "time": 0.5, "unconstrained_peak": 1500, "unconstrained_time": 0.4},
-        solver={"formulation": "compact", "status": "optimal", "mip_gap": 0.0}, cost_model="analytic",
-        graph={"fingerprint": "abc", "ops": [["f", "aten.f", "forward"], ["b", "aten.b", "backward"]]},
-        schedule={"saved": {"f": 100}, "backward": ["b"]},
+        model="Net", input=InputSpec((2, 3)), device="cpu", budget=1000, predicted=Prediction(900, 0.5, 1500, 0.4),
+        solver=SolverRecord("compact", "optimal", gap=0.0), cost_model="analytic",
+        graph=GraphRecord("abc", (("f", "aten.f", "forward"), ("b", "aten.b", "backward"))),
+        schedule=Decisions({"f": 100}, ("b",)),
     )
 
 
@@ -44,6 +52,8 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
     (lambda d: d["input"].update(shape=[0, 3]), "corrupt at input/shape/0"),
     (lambda d: d.update(device="tpu"), "corrupt at device"),
     (lambda d: d["schedule"].pop("backward"), "corrupt at schedule"),
+    (lambda d: d["solver"].update(mip_gap=0.0), "corrupt at solver"),
+    (lambda d: d["solver"].update(gap="small"), "corrupt at solver/gap"),
 ])
 def test_bad_files_say_what_is_wrong(tmp_path, mutate, message):
     data = sample().to_dict()

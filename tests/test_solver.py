@@ -5,6 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synthetic import chain, norm_chain, random_dag, relu_chain
 
+from monet.schedules import Decisions
 from monet.solver import (
     InfeasibleBudgetError,
     Schedule,
@@ -162,7 +163,7 @@ def test_options_change_what_runs_and_what_is_read():
     assert {p.tensors[t].name for t in plain.saved} == {"a0"}
     with_masks, without = simulate(p, masked), simulate(p, plain)
     assert with_masks.forward_time == pytest.approx(without.forward_time + 2 * 0.05)
-    assert Schedule.from_dict(p, masked.to_dict(p)) == masked
+    assert Decisions.of(p, masked).on(p) == masked  # through the schedule file's names
 
 
 def test_general_formulation_solves_as_pytorch_runs():

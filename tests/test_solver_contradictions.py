@@ -93,8 +93,8 @@ def test_a_start_beyond_the_horizon_is_a_limit_of_the_horizon_not_a_contradictio
     solution = solve(p, budget, formulation="compact", horizon=0, start=free.schedule)
     assert solution.schedule == free.schedule and solution.peak <= budget
     assert solution.status == "heuristic" and not solution.warnings  # HiGHS was right about the ILP it was given
-    assert "horizon of 0 stages" in solution.note and "--horizon" in solution.note
-    assert "warnings" not in solution.summary()
+    assert "horizon of 0 stages" in solution.note and "`horizon`" in solution.note
+    assert "warnings" not in solution.record().to_dict()
 
 
 def _tampered(monkeypatch, tamper):
@@ -124,8 +124,8 @@ def test_a_schedule_priced_otherwise_than_the_simulator_replays_it_is_not_optima
     assert any("simulator replays it at" in w for w in solution.warnings)
     assert solution.objective == pytest.approx(solution.replay.time)  # the simulator's step time
     assert solution.gap == pytest.approx(1.0)  # no bound is claimed
-    summary = solution.summary()
-    assert summary["warnings"] == list(solution.warnings) and "does not confirm" in summary["note"]
+    record = solution.record().to_dict()
+    assert record["warnings"] == list(solution.warnings) and "does not confirm" in record["note"]
 
 
 def test_a_schedule_over_the_budget_is_never_returned(monkeypatch):

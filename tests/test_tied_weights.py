@@ -49,6 +49,6 @@ def test_tied_weight_trains_as_predicted(budget):
     assert max(errors.values()) < 1e-5, errors
 
     stats = compare_training({"monet": wrapped}, x, lambda out: out.sum(), steps=1)
-    measured, predicted = stats["monet"].peak, schedule.predicted["peak"]
+    measured, predicted = stats["monet"].peak, schedule.predicted.peak
     assert measured <= schedule.budget + 64  # + the loss scalar, which is the caller's, not the step's
     assert abs(measured - predicted) <= 0.01 * predicted, (measured, predicted)

@@ -71,16 +71,16 @@ def trains_as_predicted(model, shape, x, budget="70%", dtype="int64"):
     """Solve, wrap, and check one step's gradients and measured peak against eager and the prediction."""
     reference = copy.deepcopy(model)
     schedule = monet.solve(model, shape, budget, input_dtype=dtype, cost_model="analytic", time_limit=3)
-    forward_ops = {name for name, _, phase in schedule.graph["ops"] if phase == "forward"}
+    forward_ops = {name for name, _, phase in schedule.graph.ops if phase == "forward"}
     wrapped = MONeTWrapper(model, schedule, shape)
     errors = gradient_errors(wrapped, model, reference, x)
     assert errors.pop("output") < 1e-6
     assert max(errors.values()) <= 1e-5, errors
     stats = compare_training({"monet": wrapped}, x, lambda out: out if out.dim() == 0 else out.sum(), steps=1)
-    measured, predicted = stats["monet"].peak, schedule.predicted["peak"]
+    measured, predicted = stats["monet"].peak, schedule.predicted.peak
     assert measured <= schedule.budget + 64  # + a summed output's loss scalar, which is the caller's
     assert abs(measured - predicted) <= 0.01 * predicted, (measured, predicted)
-    return schedule, wrapped, [name for name in schedule.schedule["backward"] if name in forward_ops]
+    return schedule, wrapped, [name for name in schedule.schedule.backward if name in forward_ops]
 
 
 def test_bert_with_attention_mask_and_loss_trains_as_predicted():

@@ -24,8 +24,8 @@ def schedule_for(name, budget, cost_model="analytic"):
 
 
 def recomputed(schedule):
-    forward = {name for name, _, phase in schedule.graph["ops"] if phase == "forward"}
-    return [name for name in schedule.schedule["backward"] if name in forward]
+    forward = {name for name, _, phase in schedule.graph.ops if phase == "forward"}
+    return [name for name in schedule.schedule.backward if name in forward]
 
 
 @pytest.mark.parametrize("budget", ["100%", "50%"])
@@ -63,7 +63,7 @@ def test_measured_peak_within_budget_and_prediction():
     schedule = schedule_for("cnn", "50%", cost_model="measured")
     wrapped = MONeTWrapper(model, schedule, shape)
     x = torch.randn(shape)
-    predicted = schedule.predicted["peak"]
+    predicted = schedule.predicted.peak
     for _ in range(2):  # the first step and a steady one
         model.zero_grad(set_to_none=True)
         xi = x.clone().requires_grad_(True)
@@ -72,7 +72,7 @@ def test_measured_peak_within_budget_and_prediction():
         assert meter.peak <= schedule.budget
         assert abs(meter.peak - predicted) <= 0.03 * meter.peak, (meter.peak, predicted)
         del xi
-    assert predicted <= 0.5 * schedule.predicted["unconstrained_peak"]
+    assert predicted <= 0.5 * schedule.predicted.unconstrained_peak
 
 
 def test_eval_mode_and_no_grad_run_the_plain_model():
@@ -150,4 +150,4 @@ def test_cuda_gradients_and_memory(cuda_device):
     reference(xr).sum().backward()
     assert rel_err(xi.grad, xr.grad) < 1e-4  # cuDNN may pick different algorithms
     assert meter.peak <= schedule.budget
-    assert abs(meter.peak - schedule.predicted["peak"]) <= 0.03 * meter.peak
+    assert abs(meter.peak - schedule.predicted.peak) <= 0.03 * meter.peak

@@ -29,9 +29,9 @@ def test_bundled_schedules_are_named_listed_and_within_budget():
         made = load_schedule(name)
         tag, _, pct = name.rpartition("-")
         bench = tags[tag]
-        assert tuple(made.input["shape"]) == bench.input_shape and made.input["dtype"] == bench.input_dtype
-        assert pct == f"{round(100 * made.budget / made.predicted['unconstrained_peak'])}pct"
-        assert made.cost_model == "analytic" and made.predicted["peak"] <= made.budget
+        assert tuple(made.input.shape) == bench.input_shape and made.input.dtype == bench.input_dtype
+        assert pct == f"{round(100 * made.budget / made.predicted.unconstrained_peak)}pct"
+        assert made.cost_model == "analytic" and made.predicted.peak <= made.budget
         assert f"| {name} |" in listed
 
 
@@ -58,7 +58,7 @@ def test_bundled_schedule_by_name_trains_within_budget():
     peak = train_step_peak(wrapped, x)
     made = load_schedule(name)
     assert peak <= made.budget
-    assert peak == pytest.approx(made.predicted["peak"], rel=0.03)
+    assert peak == pytest.approx(made.predicted.peak, rel=0.03)
     train_step_peak(reference, x)
     for (key, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         assert (p.grad - q.grad).norm() <= 1e-5 * q.grad.norm(), key
@@ -76,4 +76,4 @@ def test_regenerated_schedule_loads_by_path_and_trains(tmp_path):
     x = InputSpec(bench.input_shape).example()
     peak = train_step_peak(MONeTWrapper(bench.build(), path, bench.input_shape), x)
     assert peak <= made.budget
-    assert peak == pytest.approx(made.predicted["peak"], rel=0.03)
+    assert peak == pytest.approx(made.predicted.peak, rel=0.03)
