@@ -96,6 +96,13 @@ def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]]
     return chosen, found
 
 
+def _unpose(schedule: Schedule, posed: Problem, problem: Problem, fixed: dict[str, str]) -> Schedule:
+    """A schedule of the posed problem as one of `problem`. The general formulation's posed problem has
+    the fixed options resolved into its ops, so its schedules name none: they come back from `fixed`."""
+    options = {c: o for c, o in {**fixed, **schedule.options}.items() if problem.choice_named[c].options[0] != o}
+    return schedule.remap(posed, problem, options)
+
+
 def _as_start(formulation: Formulation, schedule: Schedule, replay: Replay) -> Start:
     """A schedule found before (of the posed problem's ids) as the compact formulation's starting point."""
     tensor_win, op_win = formulation.stages.windows  # unsaved tensors whose op cannot rerun are not made
@@ -243,7 +250,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     # schedule, and (the general formulation does not start from it) the best one so far.
     fallbacks = []
     if found:
-        first = found.schedule.remap(posed, problem)
+        first = _unpose(found.schedule, posed, problem, fixed)
         fallbacks.append((first, simulate(problem, first)))
     if incumbent and kind != "compact":
         fallbacks.append(incumbent)
@@ -278,7 +285,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         if result.status == "infeasible" or (least is not None and least.bound > budget):
             raise InfeasibleBudgetError(budget, least, formulation.name)
         raise SolverFailedError(_no_schedule_message(budget, unconstrained.peak, time_limit, least))
-    schedule = formulation.schedule(result.values).remap(posed, problem)
+    schedule = _unpose(formulation.schedule(result.values), posed, problem, fixed)
     replay = simulate(problem, schedule)
     objective = formulation.fixed_time + result.objective / 1e3
     bound = formulation.fixed_time + max(0.0, result.bound) / 1e3
@@ -456,12 +463,12 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
                                     warm=formulation.warm_start(start.dropped, start.options) if start else None,
                                     progress=_watch(progress, "least peak: solving", began, time_limit, peak))
     # (peak, schedule): the heuristic schedule's peak stands if HiGHS does no better
-    found = [(start.replay.peak, start.schedule.remap(posed, problem))] if start else []
+    found = [(start.replay.peak, _unpose(start.schedule, posed, problem, fixed))] if start else []
     if incumbent:
         found.append((alone.found, incumbent))
     if result.values is not None:
         found.append((formulation.memory.least_budget(result.values[formulation.memory.peak]),
-                      formulation.schedule(result.values).remap(posed, problem)))
+                      _unpose(formulation.schedule(result.values), posed, problem, fixed)))
     if not found:
         raise SolverFailedError(f"HiGHS found no schedule at any budget within {time_limit:g} s ({result.status})")
     least, schedule = min(found, key=lambda pair: pair[0])

@@ -249,3 +249,18 @@ def test_choosing_implementations_never_raises_the_least_peak():
     assert joint.found < alone.found
     validate(p, joint.schedule)
     assert simulate(p, joint.schedule).peak <= joint.found
+
+
+def test_general_formulation_keeps_fixed_options():
+    """The general formulation solves with fixed options resolved into the ops; its schedule (and the
+    starting one) carries them back, so it runs as it was priced (it used to come back without them,
+    replay over the budget and be refused)."""
+    p = relu_chain(4)
+    options = {f"mask{i}": "mask" for i in range(4)} | {f"algo{i}": "lean" for i in range(4)}
+    full = simulate(p, keep_all(p, options))
+    for share in (0.99, 0.8):
+        solution = solve(p, int(full.peak * share), formulation="general", options=options, time_limit=20)
+        validate(p, solution.schedule)
+        assert solution.schedule.options == options and solution.status == "optimal"
+        assert solution.peak <= int(full.peak * share) and solution.replay.time == pytest.approx(solution.objective)
+    assert least_peak(p, formulation="general", options=options, time_limit=20).schedule.options == options
