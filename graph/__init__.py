@@ -14,7 +14,7 @@ from monet.solver.edit import add_choices
 from .analyze import GraphAnalysis, UnsupportedGraphError, allocation_bytes, analyze, fingerprint
 from .capture import InputSpec, TracedStep, TraceError, model_device
 from .cost_model import analytic_times
-from .implementations import RERUN, choice_specs, rewrite, structure
+from .implementations import RERUN, choice_specs, not_compiled, rewrite, structure
 from .profile import measure_times, measure_workspace
 
 
@@ -61,7 +61,7 @@ def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = 
 
 __all__ = [
     "COST_MODELS", "RERUN", "GraphAnalysis", "InputSpec", "TraceError", "TracedStep", "UnsupportedGraphError",
-    "rewrite", "structure",
+    "not_compiled", "rewrite", "structure",
     "allocation_bytes", "analyze", "analytic_times", "costed_problem", "fingerprint", "measure_times",
     "measure_workspace", "model_device",
 ]

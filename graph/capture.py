@@ -90,10 +90,12 @@ class TracedStep:
     def buffer_names(self) -> list[str]:
         return list(self._joint.buffers_spec)
 
-    def compile(self, partition_fn):
-        """The training step as one callable `f(*params, *buffers, x)` split by `partition_fn`."""
+    def compile(self, partition_fn, *, inductor: bool = False):
+        """The training step as one callable `f(*params, *buffers, x)` split by `partition_fn`; its
+        forward and backward run op by op as traced, or (`inductor`) compiled by Inductor."""
+        compiler = _inductor if inductor else boxed_nop
         return aot_compile_joint_with_descriptors(
-            self._joint, partition_fn=partition_fn, fw_compiler=boxed_nop, bw_compiler=boxed_nop
+            self._joint, partition_fn=partition_fn, fw_compiler=compiler, bw_compiler=compiler
         )
 
     def close(self) -> None:
@@ -104,6 +106,23 @@ class TracedStep:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _inductor(graph_module: torch.fx.GraphModule, example_inputs):
+    """One partitioned graph (the forward or the backward) compiled by Inductor, as torch.compile
+    compiles it: first decomposed by Inductor's table (the joint graph was traced without it, so that
+    the graph monet solves on has PyTorch's ops), then lowered and fused. Random ops draw from
+    PyTorch's generator as in eager (Inductor's `fallback_random`), so dropout masks, and with them
+    gradients, are eager's."""
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with config.patch(fallback_random=True):
+        decomposed = make_fx(graph_module, decomposition_table=select_decomp_table(),
+                             tracing_mode="fake")(*example_inputs)
+        return compile_fx_inner(decomposed, example_inputs)
 
 
 def _compiling():

@@ -92,6 +92,20 @@ def _roofline(moved: int) -> float:
     return moved / BANDWIDTH + LAUNCH
 
 
+def not_compiled(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str, str]) -> dict[str, str]:
+    """{choice: "option, why"} for the choices whose option in `options` cannot run under Inductor
+    (a family's `not_compiled` names such options and why)."""
+    device = next(iter(gm.graph.find_nodes(op="placeholder"))).meta["val"].device
+    found = {}
+    for family in families(device):
+        for site in family.find(gm, analysis):
+            option = options.get(site.choice, family.options[0])
+            why = getattr(family, "not_compiled", {}).get(option)
+            if why:
+                found[site.choice] = f"{option}, which {why}"
+    return found
+
+
 def rewrite(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str, str]) -> None:
     """Rewrite the joint graph of `gm` (as analysed) so that every site runs as `options` says."""
     graph = gm.graph

@@ -7,7 +7,16 @@ import os
 import torch
 from torch import nn
 
-from monet.graph import GraphAnalysis, InputSpec, TracedStep, TraceError, analyze, model_device, structure
+from monet.graph import (
+    GraphAnalysis,
+    InputSpec,
+    TracedStep,
+    TraceError,
+    analyze,
+    model_device,
+    not_compiled,
+    structure,
+)
 from monet.schedules import ScheduleFile, load_schedule
 from monet.solver import validate
 
@@ -22,10 +31,13 @@ class MONeTWrapper(nn.Module):
     against the schedule; every training step then runs the compiled schedule.
     In eval mode or under torch.no_grad the plain model runs. `graphs` holds the forward and
     backward fx modules that run (to see what is saved, recomputed and how each op runs).
+    With `compile`, Inductor compiles that forward and backward (fused kernels, as torch.compile
+    runs); the schedule's saved tensors and reruns stay as solved, but its predicted step time and
+    peak are for the ops unfused (see README, "Compiled by Inductor").
     """
 
     def __init__(self, model: nn.Module, solution_file: str | os.PathLike | ScheduleFile,
-                 input_shape: tuple[int, ...] | list[int] | torch.Size):
+                 input_shape: tuple[int, ...] | list[int] | torch.Size, *, compile: bool = False):
         super().__init__()
         self.model = model
         # `solution_file` is MONeT's name for the argument; inside, it is the schedule file it names
@@ -38,8 +50,10 @@ class MONeTWrapper(nn.Module):
             problem = structure(analysis, step.graph_module)
             schedule = schedule_file.schedule.on(problem)
             validate(problem, schedule)
+            if compile:
+                _check_compilable(schedule_file, step.graph_module, analysis)
             self._step = step.compile(make_partition(ExecutionPlan.build(analysis, problem, schedule),
-                                                     self._keep_graphs))
+                                                     self._keep_graphs), inductor=compile)
             self._param_names = step.param_names
             self._buffer_names = step.buffer_names
         self.spec = spec
@@ -97,6 +111,20 @@ def _check_input(schedule_file: ScheduleFile, spec: InputSpec, model: nn.Module)
             f"the schedule was made for a model with {', '.join(theirs)} parameters, but this model's are "
             f"{', '.join(ours)} (converted with .double(), .half() or .to(dtype)?); convert it back, or solve a "
             "schedule for the model as it is")
+
+
+def _check_compilable(schedule_file: ScheduleFile, gm: torch.fx.GraphModule, analysis: GraphAnalysis) -> None:
+    found = not_compiled(gm, analysis, schedule_file.schedule.options)
+    if found:
+        by_reason: dict[str, list[str]] = {}
+        for choice, why in found.items():
+            by_reason.setdefault(why, []).append(choice)
+        listed = "; ".join(f"{', '.join(choices[:3])}{' ...' if len(choices) > 3 else ''} run {why}"
+                           for why, choices in by_reason.items())
+        raise ScheduleMismatchError(
+            f"{len(found)} of the schedule's choices take options that cannot run under Inductor: {listed}. Run it "
+            "with compile=False, or solve a schedule with those choices fixed to another option "
+            "(monet.solve(..., options={choice: option}))")
 
 
 def _check_graph(schedule_file: ScheduleFile, analysis: GraphAnalysis, model: nn.Module, spec: InputSpec) -> None:

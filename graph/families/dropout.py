@@ -20,6 +20,8 @@ class DropoutMask(BackwardFromCompact):
     dropout itself may also rerun from that state, so its output need not be kept either."""
 
     name, options = "dropout", ("bytes", "bits", "replay")
+    # options whose kernels Inductor cannot trace: `replay` sets the generator's state
+    not_compiled = {"replay": "redraws the mask by setting the generator's state, which Inductor cannot trace"}
     backward_target = aten.native_dropout_backward.default
     pack_kernel, backward_kernel = kernels.dropout_mask, kernels.dropout_backward_from_mask
 
