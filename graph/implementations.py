@@ -92,33 +92,32 @@ def _roofline(moved: int) -> float:
     return moved / BANDWIDTH + LAUNCH
 
 
-def not_compiled(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str, str]) -> dict[str, str]:
-    """{choice: "option, why"} for the choices whose option in `options` cannot run under Inductor
-    (a family's `not_compiled` names such options and why)."""
+def _chosen(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str, str]):
+    """(family, site, option) for every site of `gm` whose option in `options` is not PyTorch's own."""
     device = next(iter(gm.graph.find_nodes(op="placeholder"))).meta["val"].device
-    found = {}
     for family in families(device):
         for site in family.find(gm, analysis):
             option = options.get(site.choice, family.options[0])
-            why = getattr(family, "not_compiled", {}).get(option)
-            if why:
-                found[site.choice] = f"{option}, which {why}"
-    return found
+            if option != family.options[0]:
+                yield family, site, option
+
+
+def not_compiled(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str, str]) -> dict[str, str]:
+    """{choice: "option, which why"} for the choices whose option in `options` cannot run under
+    Inductor (a family's `not_compiled` names such options and why)."""
+    return {site.choice: f"{option}, which {family.not_compiled[option]}"
+            for family, site, option in _chosen(gm, analysis, options)
+            if option in getattr(family, "not_compiled", {})}
 
 
 def rewrite(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str, str]) -> None:
     """Rewrite the joint graph of `gm` (as analysed) so that every site runs as `options` says."""
     graph = gm.graph
-    placeholders = list(graph.find_nodes(op="placeholder"))
     nodes = {n.name: n for n in graph.nodes}
-    fake_mode = detect_fake_mode([n.meta["val"] for n in placeholders])
-    for family in families(placeholders[0].meta["val"].device):
-        for site in family.find(gm, analysis):
-            option = options.get(site.choice, family.options[0])
-            if option == family.options[0]:
-                continue
-            for new in family.rewrite(graph, nodes, site, option):
-                args = fx.node.map_arg(new.args, lambda n: n.meta["val"])
-                with fake_mode:
-                    new.meta["val"] = new.target(*args)
-                nodes[new.name] = new
+    fake_mode = detect_fake_mode([n.meta["val"] for n in graph.find_nodes(op="placeholder")])
+    for family, site, option in _chosen(gm, analysis, options):  # each family finds its sites after the last rewrote
+        for new in family.rewrite(graph, nodes, site, option):
+            args = fx.node.map_arg(new.args, lambda n: n.meta["val"])
+            with fake_mode:
+                new.meta["val"] = new.target(*args)
+            nodes[new.name] = new
