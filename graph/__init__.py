@@ -12,17 +12,28 @@ from monet.solver import Problem
 from monet.solver.edit import add_choices
 
 from .analyze import GraphAnalysis, UnsupportedGraphError, allocation_bytes, analyze, fingerprint
-from .capture import InputSpec, TracedStep, TraceError, model_device
+from .capture import InputSpec, TracedStep, TraceError, inductor_compile, model_device
 from .cost_model import analytic_times
-from .implementations import RERUN, choice_specs, not_compiled, rewrite, structure
-from .profile import measure_times, measure_workspace
+from .implementations import RERUN, choice_specs, inductor_excluded, not_compiled, rewrite, structure
+from .profile import Feed, measure_times, measure_workspace
 
 
 def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = "measured", *,
                    implementations: bool = True, repeats: int = 3,
                    progress: Callable[[str, int, int | None], None] | None = None) -> Problem:
-    """The analysed problem with each op's time and workspace filled in, and (with
-    `implementations`) a choice for every op that can run in more than one way.
+    """The analysed problem of a traced model's step, costed (see cost_graph) on its example batch."""
+    feed = Feed(step.model, (step.spec.example(step.device),))
+    return cost_graph(step.graph_module, analysis, feed, cost_model,
+                      {"model": type(step.model).__name__, "input": dataclasses.asdict(step.spec)},
+                      implementations=implementations, repeats=repeats, progress=progress)
+
+
+def cost_graph(gm: torch.fx.GraphModule, analysis: GraphAnalysis, feed: Feed, cost_model: str, meta: dict, *,
+               implementations: bool = True, repeats: int = 3,
+               progress: Callable[[str, int, int | None], None] | None = None) -> Problem:
+    """The analysed problem of the joint graph `gm` with each op's time and workspace filled in, and
+    (with `implementations`) a choice for every op that can run in more than one way; `feed` gives
+    its inputs real values, `meta` names the model and input for the schedule file.
 
     Workspace is always measured (kernel temporaries are a fact of this machine's
     libraries, and their sizes repeat exactly); time is measured ("measured") or
@@ -32,22 +43,15 @@ def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = 
     if cost_model not in COST_MODELS:
         raise ValueError(f"cost model {cost_model!r} is not one of {', '.join(COST_MODELS)}")
     stage = progress or (lambda *_: None)
-    gm, x = step.graph_module, step.spec.example(step.device)
     stage("measuring workspace", 0, None)
-    workspace = measure_workspace(analysis, gm, step.model, x)
+    workspace = measure_workspace(analysis, gm, feed)
     if cost_model == "measured":
-        times = measure_times(analysis, gm, step.model, x, repeats=repeats,
+        times = measure_times(analysis, gm, feed, repeats=repeats,
                               progress=lambda done, total: stage("profiling ops", done, total))
     else:
         times = analytic_times(analysis, gm)
-    meta = {
-        **analysis.problem.meta,
-        "model": type(step.model).__name__,
-        "input": dataclasses.asdict(step.spec),
-        "device": step.device.type,
-        "cost_model": cost_model,
-        "torch": torch.__version__.split("+")[0],
-    }
+    meta = {**analysis.problem.meta, **meta, "device": feed.device.type, "cost_model": cost_model,
+            "torch": torch.__version__.split("+")[0]}
     ops = [dataclasses.replace(op, pytorch=dataclasses.replace(op.pytorch, time=times[op.name],
                                                                 workspace=workspace[op.name]))
            for op in analysis.problem.ops]
@@ -55,13 +59,12 @@ def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = 
     if not implementations:
         return problem
     stage("measuring other ways to run ops", 0, None)
-    return add_choices(problem, choice_specs(analysis, gm, step.model, x, problem,
-                                             times_measured=cost_model == "measured"))
+    return add_choices(problem, choice_specs(analysis, gm, feed, problem, times_measured=cost_model == "measured"))
 
 
 __all__ = [
-    "COST_MODELS", "RERUN", "GraphAnalysis", "InputSpec", "TraceError", "TracedStep", "UnsupportedGraphError",
-    "not_compiled", "rewrite", "structure",
-    "allocation_bytes", "analyze", "analytic_times", "costed_problem", "fingerprint", "measure_times",
+    "COST_MODELS", "RERUN", "Feed", "GraphAnalysis", "InputSpec", "TraceError", "TracedStep", "UnsupportedGraphError",
+    "inductor_compile", "inductor_excluded", "not_compiled", "rewrite", "structure",
+    "allocation_bytes", "analyze", "analytic_times", "cost_graph", "costed_problem", "fingerprint", "measure_times",
     "measure_workspace", "model_device",
 ]

@@ -93,7 +93,7 @@ class TracedStep:
     def compile(self, partition_fn, *, inductor: bool = False):
         """The training step as one callable `f(*params, *buffers, x)` split by `partition_fn`; its
         forward and backward run op by op as traced, or (`inductor`) compiled by Inductor."""
-        compiler = _inductor if inductor else boxed_nop
+        compiler = inductor_compile if inductor else boxed_nop
         return aot_compile_joint_with_descriptors(
             self._joint, partition_fn=partition_fn, fw_compiler=compiler, bw_compiler=compiler
         )
@@ -108,7 +108,7 @@ class TracedStep:
         self.close()
 
 
-def _inductor(graph_module: torch.fx.GraphModule, example_inputs):
+def inductor_compile(graph_module: torch.fx.GraphModule, example_inputs):
     """One partitioned graph (the forward or the backward) compiled by Inductor, as torch.compile
     compiles it: first decomposed by Inductor's table (the joint graph was traced without it, so that
     the graph monet solves on has PyTorch's ops), then lowered and fused. Random ops draw from

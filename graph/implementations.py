@@ -33,9 +33,9 @@ from .families import (
     ReluMask,
     SiluCodes,
 )
-from .profile import run_graph
+from .profile import Feed, run_graph
 
-__all__ = ["RERUN", "choice_specs", "families", "rewrite", "structure"]
+__all__ = ["RERUN", "choice_specs", "families", "inductor_excluded", "not_compiled", "rewrite", "structure"]
 
 
 def families(device: torch.device, *, times_measured: bool = True) -> list:
@@ -59,12 +59,12 @@ def structure(analysis: GraphAnalysis, gm: fx.GraphModule) -> Problem:
     return add_choices(analysis.problem, specs)
 
 
-def choice_specs(analysis: GraphAnalysis, gm: fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,
-                 problem: Problem, *, times_measured: bool = True) -> list[ChoiceSpec]:
+def choice_specs(analysis: GraphAnalysis, gm: fx.GraphModule, feed: Feed, problem: Problem, *,
+                 times_measured: bool = True) -> list[ChoiceSpec]:
     """Every site's choice, its options measured on real tensors (with analytic times for the new
     kernels unless `times_measured`). Options whose kernels fail here, or (exact options) do not
     give PyTorch's result bit for bit, are left out."""
-    by_family = {f.name: f for f in families(x.device, times_measured=times_measured)}
+    by_family = {f.name: f for f in families(feed.device, times_measured=times_measured)}
     sites = {site.nodes[-1]: site for f in by_family.values() for site in f.find(gm, analysis)}
     measured: dict[str, dict[str, Measured]] = {}
 
@@ -73,7 +73,7 @@ def choice_specs(analysis: GraphAnalysis, gm: fx.GraphModule, model: torch.nn.Mo
         if site is None:
             return
         try:
-            found = by_family[site.family].measure(site, node, args, value, x.device)
+            found = by_family[site.family].measure(site, node, args, value, feed.device)
         except Exception:  # noqa: BLE001 - an option that does not run here is left out
             return
         if not times_measured:
@@ -83,7 +83,7 @@ def choice_specs(analysis: GraphAnalysis, gm: fx.GraphModule, model: torch.nn.Mo
                 m.alt = (_roofline(sum(problem.tensor_named(t).bytes for t in site.tensors)), m.alt[1])
         measured[site.choice] = found
 
-    run_graph(gm, model, x, after)
+    run_graph(gm, feed, after)
     return [by_family[site.family].spec(site, problem, measured[site.choice])
             for site in sites.values() if site.choice in measured]
 
@@ -108,6 +108,14 @@ def not_compiled(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str,
     return {site.choice: f"{option}, which {family.not_compiled[option]}"
             for family, site, option in _chosen(gm, analysis, options)
             if option in getattr(family, "not_compiled", {})}
+
+
+def inductor_excluded(gm: fx.GraphModule, analysis: GraphAnalysis) -> dict[str, tuple[str, ...]]:
+    """{choice: its options that cannot run under Inductor} for every site of `gm` that has such options:
+    what a solve for a compiled step leaves out."""
+    device = next(iter(gm.graph.find_nodes(op="placeholder"))).meta["val"].device
+    return {site.choice: tuple(family.not_compiled) for family in families(device)
+            if getattr(family, "not_compiled", None) for site in family.find(gm, analysis)}
 
 
 def rewrite(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str, str]) -> None:

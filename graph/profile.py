@@ -1,7 +1,7 @@
 """Measure the ops of a joint graph on this machine: time and workspace.
 
-The graph runs node by node on real tensors (the model's parameters, a batch,
-random tangents), freeing each value after its last use as the runtime would.
+The graph runs node by node on real tensors (a Feed: the model's parameters, a
+batch, random tangents), freeing each value after its last use as the runtime would.
 Workspace is what an op allocates beyond its outputs while it runs: on CPU from
 the allocator's events (torch.profiler with profile_memory), on CUDA from the
 caching allocator's peak, both read by graph.peak.DevicePeak (the meter PeakMemory
@@ -15,6 +15,7 @@ import operator
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch._functorch._aot_autograd import descriptors as d
@@ -27,21 +28,36 @@ from .peak import DevicePeak
 OP_MARK = "monet.op:"
 
 
-def _inputs(gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
-    """Real values for the graph's placeholders (the joint graph is functional: nothing is written)."""
-    gen = torch.Generator().manual_seed(seed)
-    values = {}
-    for node in gm.graph.find_nodes(op="placeholder"):
-        desc, val = node.meta.get("desc"), node.meta["val"]
-        if isinstance(desc, d.ParamAOTInput):
-            values[node.name] = model.get_parameter(desc.target).detach()
-        elif isinstance(desc, d.BufferAOTInput):
-            values[node.name] = model.get_buffer(desc.target).detach()
-        elif isinstance(desc, d.PlainAOTInput):
-            values[node.name] = x.detach()
-        else:
-            values[node.name] = torch.randn(val.shape, generator=gen, dtype=val.dtype).to(val.device)
-    return values
+@dataclass(frozen=True)
+class Feed:
+    """Real values for a joint graph's inputs: `module`'s parameters and buffers (by name) and the
+    user inputs by position (a traced model's batch, or the tensors torch.compile passes a region)."""
+
+    module: torch.nn.Module
+    inputs: tuple[torch.Tensor, ...]
+
+    @property
+    def device(self) -> torch.device:
+        for tensor in (*self.inputs, *self.module.parameters(), *self.module.buffers()):
+            return tensor.device
+        return torch.device("cpu")
+
+    def values(self, gm: torch.fx.GraphModule, seed: int) -> dict[str, torch.Tensor]:
+        """A value for each placeholder of `gm` (the joint graph is functional: nothing is written);
+        tangents are random."""
+        gen = torch.Generator().manual_seed(seed)
+        values = {}
+        for node in gm.graph.find_nodes(op="placeholder"):
+            desc, val = node.meta.get("desc"), node.meta["val"]
+            if isinstance(desc, d.ParamAOTInput):
+                values[node.name] = self.module.get_parameter(desc.target).detach()
+            elif isinstance(desc, d.BufferAOTInput):
+                values[node.name] = self.module.get_buffer(desc.target).detach()
+            elif isinstance(desc, d.PlainAOTInput):
+                values[node.name] = self.inputs[desc.idx].detach()
+            else:
+                values[node.name] = torch.randn(val.shape, generator=gen, dtype=val.dtype).to(val.device)
+        return values
 
 
 def _last_uses(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, list[str]]:
@@ -74,11 +90,11 @@ def _walk(gm, values, on_op: Callable[[torch.fx.Node, Callable[[], object]], obj
                 env.pop(name, None)
 
 
-def run_graph(gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,
-              after: Callable[[torch.fx.Node, tuple, object], None], *, seed: int = 0) -> None:
-    """Run the joint graph on real tensors; `after(node, args, value)` follows every compute node."""
+def run_graph(gm: torch.fx.GraphModule, feed: Feed, after: Callable[[torch.fx.Node, tuple, object], None], *,
+              seed: int = 0) -> None:
+    """Run the joint graph on `feed`'s tensors; `after(node, args, value)` follows every compute node."""
     with torch.no_grad():
-        _walk(gm, _inputs(gm, model, x, seed), lambda node, call: call(), after)
+        _walk(gm, feed.values(gm, seed), lambda node, call: call(), after)
 
 
 def measure_call(call: Callable[[], object], device: torch.device, *, repeats: int = 3,
@@ -105,12 +121,12 @@ def _median_time(call: Callable[[], object], device: torch.device, repeats: int,
     return statistics.median(samples), out
 
 
-def measure_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule, model: torch.nn.Module, x: torch.Tensor,
-                  *, repeats: int = 3, warmup: int = 1, seed: int = 0,
+def measure_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule, feed: Feed, *, repeats: int = 3,
+                  warmup: int = 1, seed: int = 0,
                   progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Median seconds of every op in `analysis.problem` over `repeats` runs after `warmup`."""
     ops = {op.name for op in analysis.problem.ops}
-    device = x.device
+    device = feed.device
     times: dict[str, float] = {}
 
     def timed(node, call):
@@ -122,7 +138,7 @@ def measure_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule, model: torc
         return out
 
     with torch.no_grad():
-        _walk(gm, _inputs(gm, model, x, seed), timed)
+        _walk(gm, feed.values(gm, seed), timed)
     return times
 
 
@@ -131,14 +147,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_workspace(analysis: GraphAnalysis, gm: torch.fx.GraphModule, model: torch.nn.Module,
-                      x: torch.Tensor, *, seed: int = 0) -> dict[str, int]:
+def measure_workspace(analysis: GraphAnalysis, gm: torch.fx.GraphModule, feed: Feed, *,
+                      seed: int = 0) -> dict[str, int]:
     """Bytes each op of `analysis.problem` allocates beyond its outputs while it runs."""
     with torch.no_grad():
-        return _workspace(analysis.problem, gm, model, x, seed, x.device)
+        return _workspace(analysis.problem, gm, feed, seed, feed.device)
 
 
-def _workspace(problem: Problem, gm, model, x, seed, device) -> dict[str, int]:
+def _workspace(problem: Problem, gm, feed: Feed, seed, device) -> dict[str, int]:
     ops = {op.name: op for op in problem.ops}
     new_bytes = {op.name: problem.out_bytes(op) for op in problem.ops}
     result: dict[str, int] = {}
@@ -151,7 +167,7 @@ def _workspace(problem: Problem, gm, model, x, seed, device) -> dict[str, int]:
             result[node.name] = max(0, meter.rise - new_bytes[node.name])
             return out
 
-        _walk(gm, _inputs(gm, model, x, seed), on_op)
+        _walk(gm, feed.values(gm, seed), on_op)
         return result
 
     def marked(node, call):
@@ -161,7 +177,7 @@ def _workspace(problem: Problem, gm, model, x, seed, device) -> dict[str, int]:
             return call()
 
     with DevicePeak(device) as meter:
-        _walk(gm, _inputs(gm, model, x, seed), marked)
+        _walk(gm, feed.values(gm, seed), marked)
     for name, deltas in meter.events.by_region(OP_MARK).items():
         peak, running = 0, 0
         for delta in deltas:

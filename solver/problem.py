@@ -14,6 +14,7 @@ Execution model (shared by the simulator, the solvers and the runtime):
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 
@@ -294,6 +295,29 @@ class Problem:
                 op = replace(op, pytorch=impls[0], others=tuple(impls[1:]))
             ops.append(op)
         return Problem(self.tensors, ops, self.meta, self.choices)
+
+    def without(self, excluded: dict[str, Collection[str]]) -> Problem:
+        """The same problem (ids, names) in which the choices named in `excluded` no longer offer
+        the options it lists for them (options a choice does not have are ignored). PyTorch's own
+        option stays; a choice must keep two options (fix it through the solve settings instead)."""
+        kept: dict[str, tuple[int, ...]] = {}
+        choices = []
+        for c in self.choices:
+            keep = tuple(i for i, o in enumerate(c.options) if i == 0 or o not in excluded.get(c.name, ()))
+            if len(keep) < 2:
+                raise ProblemError(f"excluding {sorted(excluded[c.name])} leaves choice {c.name!r} one option; "
+                                   f"fix it to {c.options[0]!r} instead")
+            if len(keep) < len(c.options):
+                kept[c.name] = keep
+                options = tuple(c.options[i] for i in keep)
+                pairs = [(o, e) for o, e in zip(c.approximate, c.errors or (None,) * len(c.approximate))
+                         if o in options]
+                c = replace(c, options=options, approximate=tuple(o for o, _ in pairs),
+                            errors=tuple(e for _, e in pairs) if c.errors else ())
+            choices.append(c)
+        ops = [replace(op, others=tuple(op.impls[i] for i in kept[op.choice][1:])) if op.choice in kept else op
+               for op in self.ops]
+        return Problem(self.tensors, ops, self.meta, choices)
 
     def resolve(self, options: dict[str, str]) -> Problem:
         """The plain problem (no choices) in which every op runs as `options` says; ops that do

@@ -47,6 +47,19 @@ def _pose(problem: Problem, settings: SolveSettings) -> tuple[str, Problem, dict
     """(formulation, the problem it is posed on, fixed options). The general formulation does not
     choose implementations: it solves the problem as PyTorch runs it, or as `settings.options` fix."""
     formulation = settings.formulation
+    fixed = _fixed(problem, settings)
+    if formulation not in FORMULATIONS:
+        raise ValueError(f"formulation {formulation!r} is not one of {', '.join(FORMULATIONS)}")
+    if not settings.implementations:
+        fixed = {c.name: fixed.get(c.name, c.options[0]) for c in problem.choices}
+    if formulation == "auto":
+        choosing = len(fixed) < len(problem.choices)
+        formulation = "general" if len(problem.forward_ops) <= GENERAL_UP_TO and not choosing else "compact"
+    return formulation, (problem.restrict(fixed) if formulation == "compact" else problem.resolve(fixed)), fixed
+
+
+def _fixed(problem: Problem, settings: SolveSettings) -> dict[str, str]:
+    """`settings.options` (choice -> option fixed), checked against `problem`'s choices."""
     fixed = dict(settings.options or {})
     unknown = [c for c in fixed if c not in problem.choice_named]
     if unknown:
@@ -58,14 +71,7 @@ def _pose(problem: Problem, settings: SolveSettings) -> tuple[str, Problem, dict
             raise ValueError(f"choice {name!r} has no option {option!r}; its options are {list(choice.options)}")
         if option in choice.approximate and not settings.allow_approximate:
             raise ValueError(f"option {option!r} of {name!r} changes gradients; allow approximate options to use it")
-    if formulation not in FORMULATIONS:
-        raise ValueError(f"formulation {formulation!r} is not one of {', '.join(FORMULATIONS)}")
-    if not settings.implementations:
-        fixed = {c.name: fixed.get(c.name, c.options[0]) for c in problem.choices}
-    if formulation == "auto":
-        choosing = len(fixed) < len(problem.choices)
-        formulation = "general" if len(problem.forward_ops) <= GENERAL_UP_TO and not choosing else "compact"
-    return formulation, (problem.restrict(fixed) if formulation == "compact" else problem.resolve(fixed)), fixed
+    return fixed
 
 
 def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]], horizon: int | None | str,
@@ -160,7 +166,7 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     Ctrl-C (KeyboardInterrupt) stops the solver within a second.
     """
     settings = settings_of(settings, **changes)
-    baseline = keep_all(problem, settings.options)
+    baseline = keep_all(problem, _fixed(problem, settings))
     baseline = (baseline, unconstrained if unconstrained is not None and not settings.options
                 else simulate(problem, baseline))
     if isinstance(settings.horizon, (list, tuple)):

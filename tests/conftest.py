@@ -68,6 +68,36 @@ def gradient_errors(wrapped, model, reference, x) -> dict[str, float]:
     return errors
 
 
+def Compiled(model, spec, **compile_options):  # noqa: N802 - a module class, made where torch is loaded
+    """torch.compile(model, **compile_options) as a module with the `spec` that gradient_errors reads."""
+    import torch
+
+    class _Compiled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.compiled, self.spec = torch.compile(model, **compile_options), spec
+
+        def forward(self, x):
+            return self.compiled(x)
+
+    return _Compiled()
+
+
+def inductor_rounding(name, spec):
+    """gradient_errors of torch.compile(model) against eager for the small model `name`: how far
+    Inductor's fused kernels move its gradients by themselves."""
+    import copy
+
+    model, _ = small_model(name)
+    return gradient_errors(Compiled(model, spec), model, copy.deepcopy(model), small_batch(name))
+
+
+def errors_within_rounding(errors, rounding):
+    """Each gradient error (of gradient_errors) within twice Inductor's own, or 1e-4."""
+    for key, error in errors.items():
+        assert error <= max(1e-4, 2 * rounding[key]), (key, error, rounding[key])
+
+
 def rel_err(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 

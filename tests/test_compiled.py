@@ -3,34 +3,10 @@
 import copy
 
 import pytest
-import torch
-from conftest import gradient_errors, small_batch, small_model
+from conftest import errors_within_rounding, gradient_errors, inductor_rounding, small_batch, small_model
 
 import monet
 from monet import MONeTWrapper, PeakMemory, ScheduleMismatchError, resident_bytes
-
-
-class _Compiled(torch.nn.Module):
-    """torch.compile(model) with the `spec` that gradient_errors reads, to measure Inductor's own rounding."""
-
-    def __init__(self, model, spec):
-        super().__init__()
-        self.compiled, self.spec = torch.compile(model), spec
-
-    def forward(self, x):
-        return self.compiled(x)
-
-
-def _inductor_rounding(name, spec):
-    """gradient_errors of torch.compile(model) against eager: how far Inductor's fused kernels move
-    this model's gradients by themselves."""
-    model, _ = small_model(name)
-    return gradient_errors(_Compiled(model, spec), model, copy.deepcopy(model), small_batch(name))
-
-
-def _errors_within_rounding(errors, rounding):
-    for key, error in errors.items():
-        assert error <= max(1e-4, 2 * rounding[key]), (key, error, rounding[key])
 
 
 def _compiled_peak(model, schedule, shape, x):
@@ -55,7 +31,7 @@ def test_compiled_cnn_trains_like_eager_and_keeps_the_saving():
     assert schedule.schedule.options, "the schedule should run some ops otherwise"
     wrapped = MONeTWrapper(model, schedule, shape, compile=True)
     errors = gradient_errors(wrapped, model, reference, small_batch("cnn"))
-    _errors_within_rounding(errors, _inductor_rounding("cnn", wrapped.spec))
+    errors_within_rounding(errors, inductor_rounding("cnn", wrapped.spec))
 
     x = small_batch("cnn")
     keep_all = monet.solve(copy.deepcopy(reference), shape, "100%", cost_model="analytic", time_limit=30)
@@ -79,4 +55,4 @@ def test_dropout_replay_is_refused_and_bits_compile_with_eagers_masks():
     reference = copy.deepcopy(model)
     wrapped = MONeTWrapper(model, bits, shape, compile=True)
     errors = gradient_errors(wrapped, model, reference, small_batch("transformer"))
-    _errors_within_rounding(errors, _inductor_rounding("transformer", wrapped.spec))
+    errors_within_rounding(errors, inductor_rounding("transformer", wrapped.spec))

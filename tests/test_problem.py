@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from synthetic import chain, random_dag
+from synthetic import chain, random_dag, relu_chain
 
-from monet.solver import Impl, Op, Problem, ProblemError, Tensor
+from monet.solver import Impl, Op, Problem, ProblemError, Tensor, keep_all, simulate, solve
 
 
 def test_json_round_trip_keeps_everything():
@@ -57,3 +57,25 @@ def test_a_problem_written_elsewhere_solves(tmp_path):
     result = json.loads(out)
     assert result["torch"] is False
     assert 0 < result["peak"] <= result["budget"]
+
+
+def test_excluded_options_are_gone_and_the_rest_unchanged():
+    """`without` takes options out of their choices (and their ops' impls); PyTorch's own option
+    stays, a choice is never left with one, and the solver then never picks what was taken out."""
+    problem = relu_chain(4)
+    lean = problem.without({"mask1": ["mask"], "mask2": ["sketch"], "nowhere": ["x"]})
+    assert lean.choice_named["mask1"].options == ("output", "sketch")
+    assert lean.choice_named["mask1"].approximate == ("sketch",)
+    assert lean.choice_named["mask2"].options == ("output", "mask") and lean.choice_named["mask2"].approximate == ()
+    assert lean.choice_named["algo0"] == problem.choice_named["algo0"]
+    relu_b = lean.op_named("relu_b2")
+    assert relu_b.impls == problem.op_named("relu_b2").impls[:2]
+    assert [t.name for t in lean.tensors] == [t.name for t in problem.tensors]
+    with pytest.raises(ProblemError, match="leaves choice 'algo0' one option; fix it to 'fast'"):
+        problem.without({"algo0": ["lean"]})
+    budget = simulate(problem, keep_all(problem)).peak * 8 // 10
+    wanted = solve(problem, budget, time_limit=10, allow_approximate=True).schedule.options
+    assert "sketch" in wanted.values(), wanted  # the solver takes sketches here when it may
+    chosen = solve(problem.without({f"mask{i}": ["sketch"] for i in range(4)}), budget, time_limit=10,
+                   allow_approximate=True).schedule.options
+    assert "sketch" not in chosen.values(), chosen

@@ -1,0 +1,161 @@
+"""`monet.backend`: a torch.compile backend that trains every compiled region by a monet schedule.
+
+torch.compile hands its backend one region at a time (an fx graph of the model's code between graph
+breaks) with the region's real inputs. AOTAutograd traces the region's joint forward and backward
+graph and asks a partitioner how to split it; monet's partitioner analyses that joint graph,
+profiles its ops on the region's inputs, solves the schedule within the budget (or reuses the one
+saved for the same graph), and splits the graph as the schedule says: what the forward saves, what
+the backward recomputes, how ops run. Inductor then compiles the forward and the backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._guards import CompileContext
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from monet.graph import (
+    Feed,
+    GraphAnalysis,
+    InputSpec,
+    analyze,
+    cost_graph,
+    inductor_compile,
+    inductor_excluded,
+    structure,
+)
+from monet.schedules import ScheduleFile, load_schedule
+from monet.solver import Problem, SolveSettings, validate
+from monet.solver.options import settings_of
+from monet.solver.solve import Progress
+
+from .api import solve_traced
+from .budget import parse_budget
+from .progress import progress_display
+from .runtime import ExecutionPlan, make_partition
+
+
+class Backend:
+    """A torch.compile backend (see `backend`). `regions` holds the schedule file of every region it
+    has compiled for training so far, in the order torch.compile compiled them."""
+
+    def __init__(self, budget: str | int | float, settings: SolveSettings, *, cost_model: str,
+                 schedules: str | os.PathLike | None, progress: Progress | bool):
+        parse_budget(budget, 1)  # a budget that does not parse fails here, not inside torch.compile
+        self.budget, self.settings, self.cost_model = budget, settings, cost_model
+        self.schedules = None if schedules is None else Path(schedules)
+        self.progress = progress
+        self.regions: list[ScheduleFile] = []
+
+    def __call__(self, region: torch.fx.GraphModule, example_inputs: list) -> object:
+        symbolic = [i for i, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)
+                    or any(isinstance(s, torch.SymInt) for s in x.shape)]
+        if symbolic:
+            raise ValueError(
+                f"torch.compile passed this region inputs of symbolic shape (inputs {symbolic[:5]}): monet solves a "
+                "schedule for fixed shapes. Compile with torch.compile(model, backend=monet.backend(...), "
+                "dynamic=False)")
+        partition = functools.partial(self._partition, region, tuple(example_inputs))
+        return aot_autograd(fw_compiler=inductor_compile, bw_compiler=inductor_compile, partition_fn=partition,
+                            keep_inference_input_mutations=True)(region, example_inputs)
+
+    def _partition(self, region: torch.fx.GraphModule, inputs: tuple, joint: torch.fx.GraphModule, joint_inputs,
+                   *, num_fwd_outputs: int, static_lifetime_input_indices=(), **_):
+        analysis = analyze(joint, num_fwd_outputs)
+        name = f"torch.compile region {CompileContext.current_compile_id() or len(self.regions)}"
+        with self._progress() as progress:
+            schedule_file, problem = self._schedule(name, region, inputs, joint, analysis,
+                                                    set(static_lifetime_input_indices or ()), progress)
+        self.regions.append(schedule_file)
+        if len(self.regions) == 2:
+            warnings.warn(
+                "torch.compile split the model into several regions (graph breaks); monet solves each region's "
+                f"schedule within the budget of {self.budget!r} on its own, so the step's peak can exceed it: what "
+                "an earlier region saves for its backward stays held while later regions run. Remove the graph "
+                "breaks (torch._dynamo.explain(model)(*inputs) lists them) for one schedule of the whole step",
+                stacklevel=2)
+        plan = ExecutionPlan.build(analysis, problem, schedule_file.schedule.on(problem))
+        return make_partition(plan)(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+
+    def _schedule(self, name: str, region: torch.fx.GraphModule, inputs: tuple, joint: torch.fx.GraphModule,
+                  analysis: GraphAnalysis, static: set[int], progress: Progress) -> tuple[ScheduleFile, Problem]:
+        """The region's schedule file and the problem its decisions are on: the saved file for this graph
+        at this budget where there is one, else solved here (and saved)."""
+        path = self.schedules / f"{analysis.fingerprint}.json" if self.schedules else None
+        if path is not None and path.exists():
+            saved = load_schedule(path)
+            if parse_budget(self.budget, saved.predicted.unconstrained_peak) == saved.budget:
+                progress(f"{name}: reusing {path}", 0, None, "")
+                problem = structure(analysis, joint)
+                validate(problem, saved.schedule.on(problem))
+                return saved, problem
+        meta = {"model": name, "input": dataclasses.asdict(_batch_spec(inputs, static))}
+        # The partitioner runs under AOTAutograd's fake mode; profiling runs real tensors, and leaves
+        # the random generators as it found them (the step's dropout masks stay eager's).
+        with unset_fake_temporarily(), torch.random.fork_rng(
+                devices=[x.device for x in inputs if x.device.type == "cuda"][:1]):
+            problem = cost_graph(joint, analysis, Feed(region, inputs), self.cost_model, meta,
+                                 implementations=self.settings.implementations or bool(self.settings.options),
+                                 progress=lambda stage, done, total: progress(f"{name}: {stage}", done, total, ""))
+        if problem.choices:
+            problem = problem.without(inductor_excluded(joint, analysis))
+        schedule_file = solve_traced(problem, self.budget, name, self.settings,
+                                     progress=lambda stage, *state: progress(f"{name}: {stage}", *state))
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            schedule_file.save(path)
+        return schedule_file, problem
+
+    def _progress(self):
+        """The progress callback for one region's work, as `progress` asks: shown on stderr (True), none
+        (False), or the caller's own."""
+        if callable(self.progress):
+            return contextlib.nullcontext(self.progress)
+        if self.progress:
+            from rich.console import Console
+
+            return progress_display(Console(stderr=True))
+        return contextlib.nullcontext(lambda *_: None)
+
+
+def _batch_spec(inputs: tuple, static: set[int]) -> InputSpec:
+    """The region's largest input that is not a parameter or buffer (the batch), for its schedule file:
+    the file's graph fingerprint covers every input's shape and dtype."""
+    batch = [x for i, x in enumerate(inputs) if i not in static and x.dim() > 0] or [x for x in inputs if x.dim() > 0]
+    if not batch:
+        raise ValueError("this torch.compile region has no tensor input with a shape; monet's backend schedules "
+                         "regions that take a batch")
+    x = max(batch, key=lambda t: t.numel())
+    return InputSpec(tuple(x.shape), str(x.dtype).removeprefix("torch."), x.requires_grad)
+
+
+def backend(budget: str | int | float, settings: SolveSettings | None = None, *, cost_model: str = "measured",
+            schedules: str | os.PathLike | None = None, progress: Progress | bool = True, **changes) -> Backend:
+    """A torch.compile backend that trains the model by monet schedules:
+    `torch.compile(model, backend=monet.backend("50%"))`.
+
+    `budget` is what `monet.solve` takes (bytes, '4GiB', '50%'), applied to every compiled region on its
+    own: a percentage of that region's unconstrained peak, or bytes. A model without graph breaks is
+    one region, and the budget is the step's; with graph breaks, a warning says that the regions'
+    peaks add up. `settings` and the keyword `changes` are the solve settings (`time_limit`,
+    `implementations`, `options`, ...; see SolveSettings), `cost_model` how op times are known
+    ("measured" here, on the region's real inputs, or "analytic").
+    Options that Inductor cannot run (dropout replayed from the generator state) are left out of the
+    solve. `schedules`, a directory, keeps each region's schedule file, named after the region's graph
+    fingerprint; a region whose file is there, solved at the same budget, reuses it without
+    profiling or solving. `progress`: True shows each region's profiling and solving on stderr,
+    False nothing, or a callback progress(stage, done, total, detail).
+    Shapes must be static (`dynamic=False`): a schedule is solved for one shape. The predicted step
+    time and peak are for the ops unfused, as the uncompiled runtime runs them (README, "Compiled by
+    Inductor").
+    """
+    return Backend(budget, settings_of(settings, **changes), cost_model=cost_model, schedules=schedules,
+                   progress=progress)

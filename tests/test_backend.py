@@ -1,0 +1,121 @@
+"""monet.backend: torch.compile(model, backend=monet.backend(budget)) trains by monet schedules."""
+
+import copy
+import json
+
+import pytest
+import torch
+from conftest import Compiled, errors_within_rounding, gradient_errors, inductor_rounding, small_batch, small_model
+
+import monet
+from monet import InputSpec, PeakMemory, resident_bytes
+
+FAST = {"cost_model": "analytic", "time_limit": 20, "progress": False}
+
+
+def _peak(module, model, x):
+    """The measured peak of one training step of `module` (compiled on the step before)."""
+    module(x).sum().backward()
+    model.zero_grad(set_to_none=True)
+    with PeakMemory("cpu", resident_bytes(model, x)) as meter:
+        module(x).sum().backward()
+    model.zero_grad(set_to_none=True)
+    return meter.peak
+
+
+def test_backend_trains_like_torch_compile_in_half_the_memory():
+    """The CNN compiled with a 50 % monet backend: gradients within Inductor's own rounding of eager's,
+    the measured peak at most 0.6 of torch.compile's own, and near the prediction (which is for the ops
+    unfused: 5.6 % under the measurement here, as for MONeTWrapper(..., compile=True))."""
+    model, shape = small_model("cnn")
+    reference, plain = copy.deepcopy(model), copy.deepcopy(model)
+    spec, x = InputSpec(shape), small_batch("cnn")
+    backend = monet.backend("50%", **FAST)
+    compiled = Compiled(model, spec, backend=backend)
+    errors_within_rounding(gradient_errors(compiled, model, reference, x), inductor_rounding("cnn", spec))
+    (region,) = backend.regions
+    assert region.schedule.options, "the schedule should run some ops otherwise"
+    half, full = _peak(compiled, model, x), _peak(torch.compile(plain), plain, x)
+    assert half <= 0.6 * full, (half, full)
+    assert abs(half / region.predicted.peak - 1) <= 0.08, (half, region.predicted.peak)
+
+
+def test_dropout_replay_is_left_out_and_masks_are_eagers():
+    """Dropout replayed from the generator state cannot run under Inductor, so the backend's solve
+    leaves it out (MONeTWrapper's uncompiled 50 % schedule of this transformer takes it): fixing it is
+    refused as an option the choice does not have. The masks drawn in the compiled step are eager's, so
+    gradients stay within Inductor's rounding."""
+    model, shape = small_model("transformer")
+    reference = copy.deepcopy(model)
+    spec, x = InputSpec(shape), small_batch("transformer")
+    backend = monet.backend("50%", **FAST)
+    errors = gradient_errors(Compiled(model, spec, backend=backend), model, reference, x)
+    errors_within_rounding(errors, inductor_rounding("transformer", spec))
+    dropouts = [name for name, target, _ in backend.regions[0].graph.ops if target == "aten.native_dropout.default"]
+    assert dropouts and "replay" not in backend.regions[0].schedule.options.values()
+    torch._dynamo.reset()
+    replayed = monet.backend("50%", **FAST, options={f"{dropouts[0]}:mask": "replay"})
+    with pytest.raises(Exception, match="has no option 'replay'; its options are \\['bytes', 'bits'\\]"):
+        torch.compile(copy.deepcopy(reference), backend=replayed)(x).sum().backward()
+
+
+def test_region_schedules_are_saved_and_reused(tmp_path):
+    """With `schedules`, each region's schedule file is written under its graph's fingerprint; a
+    later compile of the same graph at the same budget reuses it (no profiling, no solve) and trains
+    as the first did; another budget solves again and replaces it."""
+    model, shape = small_model("mlp")
+    x = small_batch("mlp")
+    stages = []
+    first = monet.backend("50%", **FAST | {"progress": lambda stage, *_: stages.append(stage)}, schedules=tmp_path)
+    torch.compile(copy.deepcopy(model), backend=first)(x).sum().backward()
+    (path,) = tmp_path.iterdir()
+    assert path.name == f"{first.regions[0].graph.fingerprint}.json"
+    assert any("solving" in s for s in stages)
+
+    stages.clear()
+    again = monet.backend("50%", **FAST | {"progress": lambda stage, *_: stages.append(stage)}, schedules=tmp_path)
+    torch._dynamo.reset()
+    torch.compile(copy.deepcopy(model), backend=again)(x).sum().backward()
+    assert again.regions == first.regions
+    assert stages and all("reusing" in s for s in stages), stages
+
+    stages.clear()
+    other = monet.backend("45%", **FAST | {"progress": lambda stage, *_: stages.append(stage)}, schedules=tmp_path)
+    torch._dynamo.reset()
+    torch.compile(copy.deepcopy(model), backend=other)(x).sum().backward()
+    assert any("solving" in s for s in stages)
+    assert json.loads(path.read_text())["budget"] == other.regions[0].budget < first.regions[0].budget
+
+
+class _TwoRegions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = (torch.nn.Sequential(*(m for _ in range(4) for m in (torch.nn.Linear(32, 32),
+                                                                                      torch.nn.Tanh())))
+                                   for _ in range(2))
+
+    def forward(self, x):
+        x = self.first(x)
+        torch._dynamo.graph_break()
+        return self.second(x)
+
+
+def test_graph_breaks_are_warned_about():
+    """Each region is solved within the budget on its own; with a graph break a warning says that
+    the step's peak can then exceed it, and how to find the breaks."""
+    torch._dynamo.reset()
+    backend = monet.backend("90%", **FAST)
+    with pytest.warns(UserWarning, match=r"several regions.*torch\._dynamo\.explain"):
+        torch.compile(_TwoRegions(), backend=backend)(torch.randn(256, 32)).sum().backward()
+    assert len(backend.regions) == 2
+
+
+def test_bad_arguments_say_what_to_do():
+    with pytest.raises(ValueError, match="not a size like 4GiB"):
+        monet.backend("half")
+    with pytest.raises(TypeError):
+        monet.backend("50%", time_limt=3)
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.nn.Linear(4, 2), backend=monet.backend("50%", **FAST), dynamic=True)
+    with pytest.raises(Exception, match="dynamic=False"):
+        compiled(torch.randn(3, 4, requires_grad=True))
