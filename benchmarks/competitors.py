@@ -10,7 +10,9 @@ can measure them side by side:
 - `torch.compile`: Inductor, with `torch._functorch.config.activation_memory_budget` set to
   the budget's share of the unconstrained peak while the graph is partitioned;
 - `chen-sqrt`, `checkmate`: those schedules of monet's problem, run by monet's runtime;
-- `monet-checkpointing`, `monet`: monet's ILP without and with operator alternatives.
+- `monet-checkpointing`, `monet`: monet's ILP without and with operator alternatives;
+- `monet-compiled`: `torch.compile(model, backend=monet.backend(budget))`: monet's ILP solved on the
+  compiled region's joint graph (profiled anew), its forward and backward compiled by Inductor.
 
 The four schedule competitors are the strategies of `monet.solver.strategies` by those names (the
 registry `monet pareto` sweeps); the others are not schedules and live here.
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+import monet
 from benchmarks.models import BenchModel
 from monet.schedules import ScheduleFile
 from monet.solver import InfeasibleBudgetError, Problem, Schedule, SolverFailedError, SolveSettings
@@ -38,9 +41,9 @@ from monet.solver.strategies import STRATEGIES
 from monet.wrapper import MONeTWrapper
 
 FAMILIES = ("eager", "checkpoint-blocks", "checkpoint-sequential", "torch.compile", "chen-sqrt", "checkmate",
-            "monet-checkpointing", "monet")
+            "monet-checkpointing", "monet", "monet-compiled")
 SCHEDULES = ("chen-sqrt", "checkmate", "monet-checkpointing", "monet")  # strategies of monet.solver.strategies
-BUDGETED = ("torch.compile", *(family for family in SCHEDULES if STRATEGIES[family].budgeted))
+BUDGETED = ("torch.compile", *(family for family in SCHEDULES if STRATEGIES[family].budgeted), "monet-compiled")
 
 
 @dataclass
@@ -99,9 +102,27 @@ def compiled(model: nn.Module, share: float, example: Callable[[nn.Module], None
     return module
 
 
+def monet_compiled(model: nn.Module, budget: int, example: Callable[[nn.Module], None], settings: SolveSettings,
+                   cost_model: str) -> tuple[nn.Module, ScheduleFile]:
+    """torch.compile with monet's backend at `budget` bytes; `example(module)` runs one training step,
+    so the profiling, the solve and the compilation happen here (a solver error is raised as itself,
+    not as Dynamo's wrapper of it). The schedule file is the first region's: the benchmark models
+    compile to one."""
+    backend = monet.backend(budget, settings, cost_model=cost_model, progress=False)
+    module = torch.compile(model, backend=backend)
+    try:
+        example(module)
+    except torch._dynamo.exc.BackendCompilerFailed as exc:
+        raise exc.inner_exception from exc
+    if not backend.regions:
+        raise RuntimeError("torch.compile compiled no training region")
+    return module, backend.regions[0]
+
+
 def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int, budgets: list[int], *,
           starts: dict[int, Schedule] | None = None, families: tuple[str, ...] = FAMILIES, time_limit: float,
-          example: Callable[[nn.Module], None], log: Callable[[str], None] = print) -> list[Entry]:
+          example: Callable[[nn.Module], None], cost_model: str = "measured",
+          log: Callable[[str], None] = print) -> list[Entry]:
     """Every competitor in `families`, over deep copies of `model`, at each budget for those that
     take one. `problem` is the model's traced problem, whose keep-all schedule peaks at `full_peak`;
     `starts` gives schedules (of monet's joint search) that fit some budgets, where it starts."""
@@ -135,6 +156,8 @@ def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int,
         "checkpoint-blocks": blocks,
         "checkpoint-sequential": sequential,
         "torch.compile": lambda b: (compiled(copy.deepcopy(model), min(1.0, b / full_peak), example), None),
+        "monet-compiled": lambda b: monet_compiled(copy.deepcopy(model), b, example,
+                                                   SolveSettings(time_limit=time_limit), cost_model),
         **{family: functools.partial(planned, family) for family in SCHEDULES},
     }
     if unknown := [f for f in families if f not in makers]:

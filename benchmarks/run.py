@@ -35,7 +35,7 @@ from monet.solver import Problem, Schedule, SolveSettings, keep_all, least_peak,
 from monet.training import compare_training
 
 console = Console()
-MONET = ("monet", "monet-checkpointing")
+MONET = ("monet", "monet-checkpointing", "monet-compiled")
 
 
 def loss_fn(out: torch.Tensor) -> torch.Tensor:
@@ -80,7 +80,8 @@ def bench_model(name: str, args: argparse.Namespace) -> None:
         module.zero_grad(set_to_none=True)
 
     entries = build(bench, model, problem, full.peak, budgets, starts=starts, families=tuple(args.competitors),
-                    time_limit=args.time_limit, example=example, log=lambda m: console.log(f"{tag}: {m}"))
+                    time_limit=args.time_limit, example=example, cost_model=args.cost_model,
+                    log=lambda m: console.log(f"{tag}: {m}"))
     console.log(f"{tag}: training {sum(e.module is not None for e in entries)} competitors side by side")
     stats = compare_training({e.name: e.module for e in entries if e.module is not None}, x, loss_fn,
                              steps=args.steps, warmup=args.warmup)

@@ -13,7 +13,7 @@ from monet.solver.edit import add_choices
 
 from .analyze import GraphAnalysis, UnsupportedGraphError, allocation_bytes, analyze, fingerprint
 from .capture import InputSpec, TracedStep, TraceError, inductor_compile, model_device
-from .cost_model import analytic_times
+from .cost_model import analytic_times, fused_reruns
 from .implementations import RERUN, choice_specs, inductor_excluded, not_compiled, rewrite, structure
 from .profile import Feed, measure_times, measure_workspace
 
@@ -65,6 +65,6 @@ def cost_graph(gm: torch.fx.GraphModule, analysis: GraphAnalysis, feed: Feed, co
 __all__ = [
     "COST_MODELS", "RERUN", "Feed", "GraphAnalysis", "InputSpec", "TraceError", "TracedStep", "UnsupportedGraphError",
     "inductor_compile", "inductor_excluded", "not_compiled", "rewrite", "structure",
-    "allocation_bytes", "analyze", "analytic_times", "cost_graph", "costed_problem", "fingerprint", "measure_times",
-    "measure_workspace", "model_device",
+    "allocation_bytes", "analyze", "analytic_times", "cost_graph", "costed_problem", "fingerprint", "fused_reruns",
+    "measure_times", "measure_workspace", "model_device",
 ]

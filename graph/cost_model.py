@@ -1,15 +1,20 @@
-"""Analytic op times: FLOPs and bytes moved, priced at nominal machine rates.
+"""Op times beyond measuring each op: analytic ones, and what fusion makes of reruns.
 
-Deterministic, for schedules that must be reproducible (tests, precomputed
-schedules): an op's time is the roofline estimate
-max(flops / FLOP_RATE, bytes / BANDWIDTH) plus a fixed launch overhead.
+Analytic times are deterministic, for schedules that must be reproducible (tests, precomputed
+schedules): an op's time is the roofline estimate max(flops / FLOP_RATE, bytes / BANDWIDTH)
+plus a fixed launch overhead. Under Inductor, a pointwise op that the backward recomputes fuses
+into the kernel that reads its output, so its rerun costs no time of its own (fused_reruns).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch._guards import detect_fake_mode
 from torch.utils.flop_counter import FlopCounterMode
+
+from monet.solver import Problem
 
 from .analyze import GraphAnalysis
 
@@ -33,3 +38,19 @@ def analytic_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule) -> dict[st
         moved = sum(problem.tensors[t].bytes for t in (*op.inputs, *op.outputs))
         costs[op.name] = max(counter.get_total_flops() / FLOP_RATE, moved / BANDWIDTH) + LAUNCH
     return costs
+
+
+def fused_reruns(problem: Problem, gm: torch.fx.GraphModule) -> Problem:
+    """`problem` (of the joint graph `gm`) with the reruns of its pointwise forward ops priced at no
+    time, as Inductor runs them: fused into the kernel that reads their output, which reads their
+    inputs instead (Inductor's own partitioner recomputes such ops for the same reason). Their
+    outputs still count as buffers of their own. Reruns an option prices itself keep that price."""
+    pointwise = {n.name for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)
+                 and torch.Tag.pointwise in n.target.tags}
+
+    def free(impl):
+        return replace(impl, rerun_time=0.0) if impl.rerun_time is None else impl
+
+    return Problem(problem.tensors, [replace(op, pytorch=free(op.pytorch), others=tuple(map(free, op.others)))
+                                     if op.phase == "forward" and op.name in pointwise else op
+                                     for op in problem.ops], problem.meta, problem.choices)

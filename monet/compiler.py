@@ -28,6 +28,7 @@ from monet.graph import (
     InputSpec,
     analyze,
     cost_graph,
+    fused_reruns,
     inductor_compile,
     inductor_excluded,
     structure,
@@ -105,6 +106,7 @@ class Backend:
             problem = cost_graph(joint, analysis, Feed(region, inputs), self.cost_model, meta,
                                  implementations=self.settings.implementations or bool(self.settings.options),
                                  progress=lambda stage, done, total: progress(f"{name}: {stage}", done, total, ""))
+        problem = fused_reruns(problem, joint)
         if problem.choices:
             problem = problem.without(inductor_excluded(joint, analysis))
         schedule_file = solve_traced(problem, self.budget, name, self.settings,

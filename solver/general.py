@@ -110,7 +110,7 @@ class General(Formulation):
     def _objective(self) -> None:
         """Each rerun's time."""
         for (o, _), var in self.rerun.items():
-            self.memory.add_time(var, self.problem.ops[o].time)
+            self.memory.add_time(var, self.problem.ops[o].pytorch.recompute_time)
 
     def reruns(self, values: np.ndarray) -> dict[int, list[int]]:
         by_stage: dict[int, list[int]] = {}

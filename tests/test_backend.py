@@ -119,3 +119,21 @@ def test_bad_arguments_say_what_to_do():
     compiled = torch.compile(torch.nn.Linear(4, 2), backend=monet.backend("50%", **FAST), dynamic=True)
     with pytest.raises(Exception, match="dynamic=False"):
         compiled(torch.randn(3, 4, requires_grad=True))
+
+
+def test_pointwise_reruns_are_free_under_fusion():
+    """fused_reruns: on the CNN's joint graph, a recomputed ReLU or add (pointwise: Inductor fuses it into
+    its reader) costs no time; convolutions and batch norms keep their measured price."""
+    from monet.graph import TracedStep, analyze, costed_problem, fused_reruns
+
+    model, shape = small_model("cnn")
+    with TracedStep(model, InputSpec(shape)) as step:
+        analysis = analyze(step.graph_module)
+    problem = costed_problem(step, analysis, "analytic", implementations=False)
+    fused = fused_reruns(problem, step.graph_module)
+    by_target = {}
+    for before, after in zip(problem.forward_ops, fused.forward_ops):
+        by_target.setdefault(before.target, set()).add(after.pytorch.recompute_time == 0 < before.time)
+    assert by_target["aten.relu.default"] == by_target["aten.add.Tensor"] == {True}
+    assert by_target["aten.convolution.default"] == by_target["aten._native_batch_norm_legit_functional.default"] \
+        == {False}

@@ -1,5 +1,7 @@
 """Both formulations: valid schedules within budget, optimality relations, errors."""
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -40,6 +42,22 @@ def test_chain_schedules_fit_and_recompute_only_what_they_must(formulation):
         assert solution.objective >= previous - 1e-9  # less memory never costs less time
         assert solution.objective == pytest.approx(solution.replay.time, rel=1e-6)
         previous = solution.objective
+
+
+@pytest.mark.parametrize("formulation", ["compact", "general"])
+def test_reruns_are_priced_at_their_rerun_time(formulation):
+    """An op's rerun costs its `rerun_time` where one is set (fused_reruns sets 0 for ops Inductor fuses):
+    the ILP's price and the simulator's step time agree, and cheaper reruns make a faster schedule."""
+    plain = chain(12)
+    cheap = {op.id for op in plain.forward_ops if op.id % 2}
+    p = type(plain)(plain.tensors, [dataclasses.replace(op, pytorch=dataclasses.replace(op.pytorch, rerun_time=0.1))
+                                    if op.id in cheap else op for op in plain.ops], plain.meta)
+    budget = int(unconstrained(p) * 0.6)
+    solution = solve(p, budget, formulation=formulation)
+    assert not solution.warnings and solution.objective == pytest.approx(solution.replay.time, rel=1e-6)
+    reruns = [i for i in solution.schedule.backward if p.ops[i].phase == "forward"]
+    assert solution.replay.recompute_time == pytest.approx(sum(0.1 if i in cheap else 1.0 for i in reruns))
+    assert solution.objective < solve(plain, budget, formulation=formulation).objective - 0.5
 
 
 def test_general_reaches_budgets_that_compact_cannot():
