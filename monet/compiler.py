@@ -147,7 +147,7 @@ def backend(budget: str | int | float, settings: SolveSettings | None = None, *,
     `budget` is what `monet.solve` takes (bytes, '4GiB', '50%'), applied to every compiled region on its
     own: a percentage of that region's unconstrained peak, or bytes. A model without graph breaks is
     one region, and the budget is the step's; with graph breaks, a warning says that the regions'
-    peaks add up. `settings` and the keyword `changes` are the solve settings (`time_limit`,
+    peaks add up (it counts the regions this backend compiled: use one backend per model). `settings` and the keyword `changes` are the solve settings (`time_limit`,
     `implementations`, `options`, ...; see SolveSettings), `cost_model` how op times are known
     ("measured" here, on the region's real inputs, or "analytic").
     Options that Inductor cannot run (dropout replayed from the generator state) are left out of the
