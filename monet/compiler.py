@@ -147,17 +147,18 @@ def backend(budget: str | int | float, settings: SolveSettings | None = None, *,
     `budget` is what `monet.solve` takes (bytes, '4GiB', '50%'), applied to every compiled region on its
     own: a percentage of that region's unconstrained peak, or bytes. A model without graph breaks is
     one region, and the budget is the step's; with graph breaks, a warning says that the regions'
-    peaks add up (it counts the regions this backend compiled: use one backend per model). `settings` and the keyword `changes` are the solve settings (`time_limit`,
-    `implementations`, `options`, ...; see SolveSettings), `cost_model` how op times are known
-    ("measured" here, on the region's real inputs, or "analytic").
+    peaks add up (it counts the regions this backend compiled: use one backend per model).
+    `settings` and the keyword `changes` are the solve settings (`time_limit`, `implementations`,
+    `options`, ...; see SolveSettings), `cost_model` how op times are known ("measured" here, on the
+    region's real inputs, or "analytic"); reruns of pointwise ops are priced as fused (no time).
     Options that Inductor cannot run (dropout replayed from the generator state) are left out of the
     solve. `schedules`, a directory, keeps each region's schedule file, named after the region's graph
     fingerprint; a region whose file is there, solved at the same budget, reuses it without
     profiling or solving. `progress`: True shows each region's profiling and solving on stderr,
     False nothing, or a callback progress(stage, done, total, detail).
-    Shapes must be static (`dynamic=False`): a schedule is solved for one shape. The predicted step
-    time and peak are for the ops unfused, as the uncompiled runtime runs them (README, "Compiled by
-    Inductor").
+    Shapes must be static (`dynamic=False`): a schedule is solved for one shape. Peaks are predicted
+    per ATen op, not per Inductor buffer: the compiled step can measure a few % over the prediction
+    (README, "Compiled by Inductor").
     """
     return Backend(budget, settings_of(settings, **changes), cost_model=cost_model, schedules=schedules,
                    progress=progress)

@@ -68,7 +68,7 @@ def gradient_errors(wrapped, model, reference, x) -> dict[str, float]:
     return errors
 
 
-def Compiled(model, spec, **compile_options):  # noqa: N802 - a module class, made where torch is loaded
+def compiled_module(model, spec, **compile_options):
     """torch.compile(model, **compile_options) as a module with the `spec` that gradient_errors reads."""
     import torch
 
@@ -89,7 +89,7 @@ def inductor_rounding(name, spec):
     import copy
 
     model, _ = small_model(name)
-    return gradient_errors(Compiled(model, spec), model, copy.deepcopy(model), small_batch(name))
+    return gradient_errors(compiled_module(model, spec), model, copy.deepcopy(model), small_batch(name))
 
 
 def errors_within_rounding(errors, rounding):

@@ -5,7 +5,14 @@ import json
 
 import pytest
 import torch
-from conftest import Compiled, errors_within_rounding, gradient_errors, inductor_rounding, small_batch, small_model
+from conftest import (
+    compiled_module,
+    errors_within_rounding,
+    gradient_errors,
+    inductor_rounding,
+    small_batch,
+    small_model,
+)
 
 import monet
 from monet import InputSpec, PeakMemory, resident_bytes
@@ -31,7 +38,7 @@ def test_backend_trains_like_torch_compile_in_half_the_memory():
     reference, plain = copy.deepcopy(model), copy.deepcopy(model)
     spec, x = InputSpec(shape), small_batch("cnn")
     backend = monet.backend("50%", **FAST)
-    compiled = Compiled(model, spec, backend=backend)
+    compiled = compiled_module(model, spec, backend=backend)
     errors_within_rounding(gradient_errors(compiled, model, reference, x), inductor_rounding("cnn", spec))
     (region,) = backend.regions
     assert region.schedule.options, "the schedule should run some ops otherwise"
@@ -49,7 +56,7 @@ def test_dropout_replay_is_left_out_and_masks_are_eagers():
     reference = copy.deepcopy(model)
     spec, x = InputSpec(shape), small_batch("transformer")
     backend = monet.backend("50%", **FAST)
-    errors = gradient_errors(Compiled(model, spec, backend=backend), model, reference, x)
+    errors = gradient_errors(compiled_module(model, spec, backend=backend), model, reference, x)
     errors_within_rounding(errors, inductor_rounding("transformer", spec))
     dropouts = [name for name, target, _ in backend.regions[0].graph.ops if target == "aten.native_dropout.default"]
     assert dropouts and "replay" not in backend.regions[0].schedule.options.values()
