@@ -21,6 +21,7 @@ import numpy as np
 
 from .formulation import Formulation, Terms
 from .problem import Problem
+from .schedule import Schedule
 
 
 class General(Formulation):
@@ -111,6 +112,36 @@ class General(Formulation):
         """Each rerun's time."""
         for (o, _), var in self.rerun.items():
             self.memory.add_time(var, self.problem.ops[o].pytorch.recompute_time)
+
+    def warm_from(self, schedule: Schedule) -> dict[int, float] | None:
+        """Binary values of `schedule` (of this formulation's problem): s from what it saves, R from
+        the stage of each rerun, S wherever a copy is read later before its op reruns again. None
+        when a rerun falls outside its op's window (a horizon excludes it)."""
+        stage_of = self.stages.stage_of
+        ran: dict[int, set[int]] = {}  # op -> stages it reruns in
+        pending: list[int] = []
+        for i in schedule.backward:
+            if i not in stage_of:
+                pending.append(i)
+                continue
+            for o in pending:
+                if (o, stage_of[i]) not in self.rerun:
+                    return None
+                ran.setdefault(o, set()).add(stage_of[i])
+            pending = []
+        read: dict[int, set[int]] = {t: set(ks) for t, ks in self.stages.read_at.items()}
+        for o, stages in ran.items():
+            for t in self.problem.ops[o].inputs:
+                read.setdefault(t, set()).update(stages)
+        values = {var: float(t in schedule.saved) for t, var in self.saved.items()}
+        values.update({var: float(k in ran.get(o, ())) for (o, k), var in self.rerun.items()})
+        for t, (a, b) in self.tensor_window.items():
+            remade = ran.get(self.problem.tensors[t].producer, set())
+            needed = False  # walking back from the window's end: read at k or later, before a rerun
+            for k in range(b, a - 1, -1):
+                needed = k not in remade and (needed or k in read.get(t, ()))
+                values[self.held[(t, k)]] = float(needed)
+        return values
 
     def reruns(self, values: np.ndarray) -> dict[int, list[int]]:
         by_stage: dict[int, list[int]] = {}

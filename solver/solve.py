@@ -117,6 +117,20 @@ def _as_start(formulation: Formulation, schedule: Schedule, replay: Replay) -> S
     return Start(dropped, dict(schedule.options), schedule, replay)
 
 
+def _general_warm(formulation: General, problem: Problem, fixed: dict[str, str],
+                  fitting: list[tuple[Schedule, Replay]], found: Start | None) -> dict[int, float] | None:
+    """The general formulation's starting values: the fastest of the schedules so far (`fitting`, of
+    `problem`) that run ops as `fixed` says, and the heuristic's (`found`, of the posed problem), that
+    its horizon admits."""
+    posed = formulation.problem
+    same = [(replay.time, schedule.remap(problem, posed, {})) for schedule, replay in fitting
+            if all(schedule.options.get(c.name, c.options[0]) == fixed.get(c.name, c.options[0])
+                   for c in problem.choices)]
+    starts = sorted(same + ([(found.replay.time, found.schedule)] if found else []), key=lambda pair: pair[0])
+    return next((values for _, schedule in starts for values in [formulation.warm_from(schedule)]
+                 if values is not None), None)
+
+
 def _horizon_text(horizon: int | None) -> str:
     return "reruns at any distance" if horizon is None else f"reruns at most {horizon} stages ahead"
 
@@ -241,6 +255,8 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     if kind == "compact" and incumbent and (found is None or incumbent[1].time < found.replay.time):
         found = _as_start(formulation, *incumbent)
     warm = formulation.warm_start(found.dropped, found.options) if found else None
+    if isinstance(formulation, General):
+        warm = _general_warm(formulation, problem, fixed, [incumbent] if incumbent else [], found)
     reference = baseline_replay.time  # no schedule is much faster than keeping everything, so the gap holds
     def step_time(objective: float, bound: float) -> str:
         """The best schedule so far as its predicted step time against keeping everything, and its gap."""

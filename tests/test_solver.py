@@ -19,6 +19,7 @@ from monet.solver import (
     validate,
 )
 from monet.solver.compact import Compact
+from monet.solver.general import General
 from monet.solver.heuristics import best_first_need, chen_candidates, recompute_at_first_need
 from monet.solver.stages import Stages
 
@@ -282,3 +283,22 @@ def test_general_formulation_keeps_fixed_options():
         assert solution.schedule.options == options and solution.status == "optimal"
         assert solution.peak <= int(full.peak * share) and solution.replay.time == pytest.approx(solution.objective)
     assert least_peak(p, formulation="general", options=options, time_limit=20).schedule.options == options
+
+
+@pytest.mark.parametrize("share", [0.6, 0.7, 0.8])
+def test_the_general_formulation_poses_the_compact_schedule_as_its_start(share):
+    # warm_from gives the general ILP the compact solution's binaries: HiGHS accepts them, at its cost
+    p = chain(12)
+    compact = solve(p, int(unconstrained(p) * share), formulation="compact", time_limit=20)
+    formulation = General(p, compact.budget, None)
+    result = formulation.milp.solve(time_limit=5, warm=formulation.warm_from(compact.schedule))
+    assert result.warm == "accepted"
+    assert formulation.fixed_time + result.warm_objective / 1e3 == pytest.approx(compact.replay.time, rel=1e-9)
+
+
+def test_a_general_solve_is_never_slower_than_its_start():
+    p = norm_chain(30)
+    budget = int(unconstrained(p) * 0.6)
+    compact = solve(p, budget, formulation="compact", time_limit=20)
+    general = solve(p, budget, formulation="general", start=compact.schedule, time_limit=2, horizon=None)
+    assert general.peak <= budget and general.replay.time <= compact.replay.time
