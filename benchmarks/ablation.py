@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--input-shape is needed for a model that is not bundled")
     spec = InputSpec(shape, args.input_dtype or input_dtype(args.model))
     torch.manual_seed(0)
-    model = load_model(args.model)
+    model, _ = load_model(args.model)
     console.log(f"tracing and profiling {args.model} at {spec}")
     problem = trace_problem(model, spec)
     unconstrained = simulate(problem, keep_all(problem))

@@ -313,7 +313,7 @@ MODELS: dict[str, BenchModel] = {m.name: m for m in (
                lambda m: [b for b in m.modules() if isinstance(b, Inception)], googlenet_chain),
     BenchModel("unet", UNet, (8, 3, 256, 256), (2, 3, 128, 128), "float32",
                lambda m: [m.inc, *m.downs, *m.ups], None),
-    BenchModel("distilbert", lambda: load_model("distilbert"), (8, 384), (8, 128), "int64",
+    BenchModel("distilbert", lambda: load_model("distilbert")[0], (8, 384), (8, 128), "int64",
                lambda m: list(m.model.distilbert.transformer.layer), distilbert_chain),
     BenchModel("gpt2", GPT2LM, (8, 512), (2, 128), "int64", lambda m: list(m.model.transformer.h), GPT2LM.chain),
     # monet's bundled ResNet-style CNN: small enough for the benchmark test in CI.

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 def _row(name: str, made: ScheduleFile) -> str:
     p, s = made.predicted, made.solver
     share = p.peak / p.unconstrained_peak
-    return (f"| {name} | {made.model} {'x'.join(map(str, made.input.shape))} | {made.device} | "
+    return (f"| {name} | {made.model} {'x'.join(map(str, made.input.single.shape))} | {made.device} | "
             f"{format_bytes(p.peak)} of {format_bytes(p.unconstrained_peak)} ({share:.0%}) "
             f"| {p.time / p.unconstrained_time - 1:+.2%} | {s.status}, gap {s.gap:.2%}, "
             f"{s.solve_time_s:.0f} s |")

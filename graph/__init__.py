@@ -7,13 +7,14 @@ from collections.abc import Callable
 
 import torch
 
-from monet.schedules import COST_MODELS
+from monet.schedules import COST_MODELS, Inputs, InputSpec
 from monet.solver import Problem
 from monet.solver.edit import add_choices
 
 from .analyze import GraphAnalysis, UnsupportedGraphError, allocation_bytes, analyze, fingerprint
-from .capture import InputSpec, TracedStep, TraceError, inductor_compile, model_device
+from .capture import TracedStep, TraceError, inductor_compile, model_device
 from .cost_model import analytic_times, fused_reruns
+from .example import Example, tensor_spec
 from .implementations import RERUN, choice_specs, inductor_excluded, not_compiled, rewrite, structure
 from .profile import Feed, measure_times, measure_workspace
 
@@ -22,9 +23,10 @@ def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = 
                    implementations: bool = True, repeats: int = 3,
                    progress: Callable[[str, int, int | None], None] | None = None) -> Problem:
     """The analysed problem of a traced model's step, costed (see cost_graph) on its example batch."""
-    feed = Feed(step.model, (step.spec.example(step.device),))
+    feed = Feed(step.model, tuple(step.example.flat))
     return cost_graph(step.graph_module, analysis, feed, cost_model,
-                      {"model": type(step.model).__name__, "input": dataclasses.asdict(step.spec)},
+                      {"model": type(step.model).__name__, "input": step.inputs.to_json(),
+                       **({"autocast": step.autocast} if step.autocast else {})},
                       implementations=implementations, repeats=repeats, progress=progress)
 
 
@@ -63,8 +65,9 @@ def cost_graph(gm: torch.fx.GraphModule, analysis: GraphAnalysis, feed: Feed, co
 
 
 __all__ = [
-    "COST_MODELS", "RERUN", "Feed", "GraphAnalysis", "InputSpec", "TraceError", "TracedStep", "UnsupportedGraphError",
+    "COST_MODELS", "RERUN", "Example", "Feed", "GraphAnalysis", "InputSpec", "Inputs", "TraceError", "TracedStep",
+    "UnsupportedGraphError",
     "inductor_compile", "inductor_excluded", "not_compiled", "rewrite", "structure",
     "allocation_bytes", "analyze", "analytic_times", "cost_graph", "costed_problem", "fingerprint", "fused_reruns",
-    "measure_times", "measure_workspace", "model_device",
+    "measure_times", "measure_workspace", "model_device", "tensor_spec",
 ]

@@ -96,6 +96,11 @@ def _recomputable(node: torch.fx.Node, mutated_buffers: set[str]) -> bool:
     return not reads_mutated or (target is _TRAINING_BATCH_NORM and node.args[5] is True)
 
 
+def input_values(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """The (fake) tensors of `gm`'s placeholders, in order; a Python constant among the inputs has none."""
+    return [val for n in gm.graph.find_nodes(op="placeholder") if isinstance(val := n.meta.get("val"), torch.Tensor)]
+
+
 def analyze(gm: torch.fx.GraphModule, num_fwd_outputs: int | None = None) -> GraphAnalysis:
     """Structure of the joint graph `gm`: tensors, ops, phases and roles."""
     graph = gm.graph
@@ -115,7 +120,9 @@ def analyze(gm: torch.fx.GraphModule, num_fwd_outputs: int | None = None) -> Gra
     raw_ops: list[dict] = []
 
     for node in graph.nodes:
-        if node.op == "placeholder":
+        if node.op == "placeholder" and not isinstance(node.meta.get("val"), torch.Tensor):
+            node_tensors[node.name] = ()  # a Python constant among the inputs: the graph bakes it in
+        elif node.op == "placeholder":
             (val,) = _tensors_in(node.meta["val"])
             key = StorageWeakRef(val.untyped_storage())
             if key in owner:  # a tied parameter (GPT-2's embedding and LM head): one storage, counted once

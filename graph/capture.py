@@ -34,7 +34,9 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from monet.errors import MonetError
-from monet.schedules import InputSpec
+from monet.schedules import AUTOCAST_DTYPES, Inputs
+
+from .example import Example
 
 
 class TraceError(MonetError, RuntimeError):
@@ -57,24 +59,30 @@ class TracedStep:
     Use as a context manager; `compile` must be called inside it.
     """
 
-    def __init__(self, model: nn.Module, spec: InputSpec):
+    def __init__(self, model: nn.Module, inputs, autocast: str | None = None):
+        """`inputs` as Example.of takes them (a spec's tensors are made on the model's device);
+        `autocast` ("bfloat16", "float16" or None) the torch.autocast dtype to trace the step under:
+        the graph holds its casts, and runs them with autocast off."""
         self.model = model
-        self.spec = spec
         self.device = model_device(model)
-        problem = _one_tensor_problem(model, spec)
+        self.autocast = autocast
+        self.example = Example.of(inputs, device=self.device)
+        self.inputs = self.example.spec()
+        problem = _call_problem(model, self.example, self.inputs)
         if problem:
             raise TraceError(problem)
         self._stack = contextlib.ExitStack()
         was_training = model.training
         model.train()
         try:
-            with _compiling():
-                self._joint = aot_export_joint_with_descriptors(self._stack, model, (spec.example(self.device),))
+            with _compiling(), _autocast(self.device, autocast):
+                self._joint = aot_export_joint_with_descriptors(self._stack, model, self.example.args,
+                                                                self.example.kwargs)
         except Exception as exc:
             self._stack.close()
             reason = _explain(exc)
             raise TraceError(f"could not trace the training step of {type(model).__name__} at input "
-                             f"{spec.describe()}: {reason}", reason) from exc
+                             f"{self.inputs.describe()}: {reason}", reason) from exc
         finally:
             model.train(was_training)
 
@@ -91,7 +99,7 @@ class TracedStep:
         return list(self._joint.buffers_spec)
 
     def compile(self, partition_fn, *, inductor: bool = False):
-        """The training step as one callable `f(*params, *buffers, x)` split by `partition_fn`; its
+        """The training step as one callable `f(*params, *buffers, *args, **kwargs)` split by `partition_fn`; its
         forward and backward run op by op as traced, or (`inductor`) compiled by Inductor."""
         compiler = inductor_compile if inductor else boxed_nop
         return aot_compile_joint_with_descriptors(
@@ -127,6 +135,15 @@ def inductor_compile(graph_module: torch.fx.GraphModule, example_inputs):
         return compile_fx_inner(decomposed, example_inputs)
 
 
+def _autocast(device: torch.device, dtype: str | None):
+    """torch.autocast on `device` at `dtype`, or (None) autocast off, whatever the caller has on."""
+    if dtype is not None and dtype not in AUTOCAST_DTYPES:
+        raise ValueError(f"autocast={dtype!r}: use one of {', '.join(AUTOCAST_DTYPES)}, or None")
+    if dtype is None:
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, dtype=getattr(torch, dtype))
+
+
 def _compiling():
     """What torch.compile sets while it traces (`torch.compiler.is_compiling()` is True), so that
     library code skips the eager-only shortcuts that read tensor values (transformers checks
@@ -138,26 +155,20 @@ def _compiling():
     return session() if session is not None else contextlib.nullcontext()
 
 
-_KINDS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-
-def _one_tensor_problem(model: nn.Module, spec: InputSpec) -> str | None:
-    """Why `model(x)` with monet's one positional tensor cannot call the model's forward, if it cannot."""
+def _call_problem(model: nn.Module, example: Example, inputs: Inputs) -> str | None:
+    """Why `model(*args, **kwargs)` cannot call the model's forward with `example`, if it cannot."""
     try:
-        params = list(inspect.signature(model.forward).parameters.values())
+        signature = inspect.signature(model.forward)
     except (TypeError, ValueError):  # no signature to read: let the trace say
         return None
-    required = [p.name for p in params if p.default is p.empty
-                and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
-    takes_one = any(p.kind in _KINDS or p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
-    if len(required) <= 1 and takes_one:
-        return None
-    name = type(model).__name__
-    needs = (f"needs {len(required)} arguments ({', '.join(required)})" if required
-             else "takes no positional argument")
-    return (f"monet passes one tensor to the model (the input, {spec.describe()}); {name}.forward {needs}. "
-            "Wrap it in a module whose forward takes one tensor and makes the rest (an attention mask from the "
-            "token ids, labels), as monet.models.DistilBertQA does")
+    try:
+        signature.bind(*example.args, **example.kwargs)
+    except TypeError as exc:
+        single = inputs.single
+        hint = (" Pass every input the forward needs: a tuple of positional inputs or a dict of keyword inputs "
+                "(monet.solve(model, {'input_ids': ids, 'attention_mask': mask}, ...))" if single is not None else "")
+        return f"{type(model).__name__}.forward cannot take the inputs {inputs.describe()}: {exc}.{hint}"
+    return None
 
 
 def _explain(exc: BaseException) -> str:

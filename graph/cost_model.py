@@ -16,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from monet.solver import Problem
 
-from .analyze import GraphAnalysis
+from .analyze import GraphAnalysis, input_values
 
 FLOP_RATE = 1e12  # FLOP/s
 BANDWIDTH = 1e11  # bytes/s
@@ -27,8 +27,7 @@ def analytic_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule) -> dict[st
     """Roofline seconds of every op in `analysis.problem`, keyed by op name."""
     problem = analysis.problem
     nodes = {n.name: n for n in gm.graph.nodes}
-    vals = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
-    fake_mode = detect_fake_mode(vals)
+    fake_mode = detect_fake_mode(input_values(gm))
     costs = {}
     for op in problem.ops:
         node = nodes[op.name]

@@ -19,7 +19,7 @@ from torch._guards import detect_fake_mode
 from monet.solver import Problem
 from monet.solver.edit import ChoiceSpec, add_choices
 
-from .analyze import GraphAnalysis
+from .analyze import GraphAnalysis, input_values
 from .cost_model import BANDWIDTH, LAUNCH
 from .families import (
     RERUN,
@@ -49,11 +49,11 @@ def families(device: torch.device, *, times_measured: bool = True) -> list:
 def structure(analysis: GraphAnalysis, gm: fx.GraphModule) -> Problem:
     """The analysed problem with every site's choice, sized but not costed: what a schedule's
     names refer to, without running the model."""
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    fake_mode = detect_fake_mode([n.meta["val"] for n in placeholders])
+    values = input_values(gm)
+    fake_mode = detect_fake_mode(values)
     nodes = {n.name: n for n in gm.graph.nodes}
     specs = []
-    for family in families(placeholders[0].meta["val"].device):
+    for family in families(values[0].device):
         for site in family.find(gm, analysis):
             specs.append(family.spec(site, analysis.problem, family.shapes(site, nodes[site.nodes[-1]], fake_mode)))
     return add_choices(analysis.problem, specs)
@@ -94,7 +94,7 @@ def _roofline(moved: int) -> float:
 
 def _chosen(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str, str]):
     """(family, site, option) for every site of `gm` whose option in `options` is not PyTorch's own."""
-    device = next(iter(gm.graph.find_nodes(op="placeholder"))).meta["val"].device
+    device = input_values(gm)[0].device
     for family in families(device):
         for site in family.find(gm, analysis):
             option = options.get(site.choice, family.options[0])
@@ -113,7 +113,7 @@ def not_compiled(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str,
 def inductor_excluded(gm: fx.GraphModule, analysis: GraphAnalysis) -> dict[str, tuple[str, ...]]:
     """{choice: its options that cannot run under Inductor} for every site of `gm` that has such options:
     what a solve for a compiled step leaves out."""
-    device = next(iter(gm.graph.find_nodes(op="placeholder"))).meta["val"].device
+    device = input_values(gm)[0].device
     return {site.choice: tuple(family.not_compiled) for family in families(device)
             if getattr(family, "not_compiled", None) for site in family.find(gm, analysis)}
 
@@ -122,7 +122,7 @@ def rewrite(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str, str]
     """Rewrite the joint graph of `gm` (as analysed) so that every site runs as `options` says."""
     graph = gm.graph
     nodes = {n.name: n for n in graph.nodes}
-    fake_mode = detect_fake_mode([n.meta["val"] for n in graph.find_nodes(op="placeholder")])
+    fake_mode = detect_fake_mode(input_values(gm))
     for family, site, option in _chosen(gm, analysis, options):  # each family finds its sites after the last rewrote
         for new in family.rewrite(graph, nodes, site, option):
             args = fx.node.map_arg(new.args, lambda n: n.meta["val"])

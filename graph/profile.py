@@ -34,12 +34,13 @@ class Feed:
     user inputs by position (a traced model's batch, or the tensors torch.compile passes a region)."""
 
     module: torch.nn.Module
-    inputs: tuple[torch.Tensor, ...]
+    inputs: tuple  # tensors and constants, as AOTAutograd numbers a graph's user inputs
 
     @property
     def device(self) -> torch.device:
         for tensor in (*self.inputs, *self.module.parameters(), *self.module.buffers()):
-            return tensor.device
+            if isinstance(tensor, torch.Tensor):
+                return tensor.device
         return torch.device("cpu")
 
     def values(self, gm: torch.fx.GraphModule, seed: int) -> dict[str, torch.Tensor]:
@@ -48,13 +49,14 @@ class Feed:
         gen = torch.Generator().manual_seed(seed)
         values = {}
         for node in gm.graph.find_nodes(op="placeholder"):
-            desc, val = node.meta.get("desc"), node.meta["val"]
+            desc, val = node.meta.get("desc"), node.meta.get("val")
             if isinstance(desc, d.ParamAOTInput):
                 values[node.name] = self.module.get_parameter(desc.target).detach()
             elif isinstance(desc, d.BufferAOTInput):
                 values[node.name] = self.module.get_buffer(desc.target).detach()
-            elif isinstance(desc, d.PlainAOTInput):
-                values[node.name] = self.inputs[desc.idx].detach()
+            elif isinstance(desc, d.PlainAOTInput):  # a user input: a tensor, or a constant the graph bakes in
+                value = self.inputs[desc.idx]
+                values[node.name] = value.detach() if isinstance(value, torch.Tensor) else value
             else:
                 values[node.name] = torch.randn(val.shape, generator=gen, dtype=val.dtype).to(val.device)
         return values

@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from monet.schedules import InputSpec, ProblemFile, ScheduleFile, load_problem
+from monet.schedules import ProblemFile, ScheduleFile, load_problem
 from monet.solver import Problem, Schedule, SolveSettings, keep_all, simulate
 from monet.solver import solve as solve_problem
 from monet.solver.options import settings_of
@@ -24,11 +23,12 @@ if TYPE_CHECKING:  # torch and monet.graph load where a model is traced: solving
 # schedule so far, its gap and the seconds left, with done and total in seconds).
 
 
-def trace_problem(model: nn.Module, spec: InputSpec, *, cost_model: str = "measured",
-                  implementations: bool = True, progress: Progress | None = None) -> Problem:
-    """Trace `model` at `spec` and cost every op of its training step, with (`implementations`)
-    every alternative way an op can run, measured here."""
-    from monet.graph import TracedStep, analyze, costed_problem
+def trace_problem(model: nn.Module, inputs, *, input_dtype: str | None = None, input_requires_grad: bool | None = None,
+                  autocast: str | None = None, cost_model: str = "measured", implementations: bool = True,
+                  progress: Progress | None = None) -> Problem:
+    """Trace `model` called with `inputs` (see `solve`), under `autocast`, and cost every op of its
+    training step, with (`implementations`) every alternative way an op can run, measured here."""
+    from monet.graph import Example, TracedStep, analyze, costed_problem, model_device
 
     if not model.training:
         warnings.warn(f"{type(model).__name__} is in eval mode; monet solves its training step, so the schedule is "
@@ -36,18 +36,30 @@ def trace_problem(model: nn.Module, spec: InputSpec, *, cost_model: str = "measu
                       "mode (in eval mode it runs the plain model)", stacklevel=3)
     if progress:
         progress("tracing", 0, None, "")
-    with TracedStep(model, spec) as step:
+    example = Example.of(inputs, dtype=input_dtype, requires_grad=input_requires_grad, device=model_device(model))
+    with TracedStep(model, example, autocast) as step:
         analysis = analyze(step.graph_module)
     stage = (lambda name, done, total: progress(name, done, total, "")) if progress else None
     return costed_problem(step, analysis, cost_model, implementations=implementations, progress=stage)
 
 
-def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | float,
-          settings: SolveSettings | None = None, *, input_dtype: str = "float32", input_requires_grad: bool = False,
+def solve(model: nn.Module, inputs, budget: str | int | float, settings: SolveSettings | None = None, *,
+          input_dtype: str | None = None, input_requires_grad: bool | None = None, autocast: str | None = None,
           cost_model: str = "measured", progress: Progress | None = None, **changes) -> ScheduleFile:
-    """The fastest schedule for training `model` on `input_shape` within `budget`, solved as `settings`
+    """The fastest schedule for training `model` on `inputs` within `budget`, solved as `settings`
     (a SolveSettings; default: SolveSettings()) with `changes` to them as keyword arguments
     (`monet.solve(model, shape, "50%", time_limit=10)`) say.
+
+    `inputs` is what the model is called with: an input shape (one tensor of `input_dtype`, default
+    float32, with a gradient if `input_requires_grad`), an example tensor, a tuple of positional
+    inputs, or a dict of keyword inputs (`{"input_ids": ids, "attention_mask": mask, "labels": y}`),
+    nested in tuples, lists and dicts as the model takes them, with Python constants (None, bool,
+    int, float, str) among them. Given tensors are profiled as they are; the schedule records their
+    shapes, dtypes and constants, and MONeTWrapper runs it on calls of that structure. The model's
+    output may be any structure of tensors (a ModelOutput, a dict, a tuple; a loss computed inside).
+    `autocast` ("bfloat16", "float16" or None) traces the step under torch.autocast at that dtype
+    (mixed precision): the schedule records it, tensor sizes follow the casts, and MONeTWrapper runs
+    the step that way.
 
     `budget` is bytes, a size string ('4GiB') or a percentage of the unconstrained peak ('50%').
     With `implementations` the solver also chooses how ops run (ReLU/dropout masks, dropout
@@ -67,8 +79,8 @@ def solve(model: nn.Module, input_shape: Sequence[int], budget: str | int | floa
     Nothing is written; call `.save(path)` on the result to keep it.
     """
     settings = settings_of(settings, **changes)
-    spec = InputSpec(tuple(input_shape), input_dtype, input_requires_grad)
-    problem = trace_problem(model, spec, cost_model=cost_model,
+    problem = trace_problem(model, inputs, input_dtype=input_dtype, input_requires_grad=input_requires_grad,
+                            autocast=autocast, cost_model=cost_model,
                             implementations=settings.implementations or bool(settings.options), progress=progress)
     return solve_traced(problem, budget, type(model).__name__, settings, progress=progress)
 
@@ -89,15 +101,16 @@ def solve_traced(problem: Problem, budget: str | int | float, model_name: str, s
                                       approximate_allowed=settings.allow_approximate)
 
 
-def profile(model: nn.Module, input_shape: Sequence[int], *, input_dtype: str = "float32",
-            input_requires_grad: bool = False, cost_model: str = "measured", implementations: bool = True,
+def profile(model: nn.Module, inputs, *, input_dtype: str | None = None, input_requires_grad: bool | None = None,
+            autocast: str | None = None, cost_model: str = "measured", implementations: bool = True,
             progress: Progress | None = None) -> ProblemFile:
-    """Trace and profile `model` at `input_shape` here (on the model's device), for solving later or
-    elsewhere: `.save(path)` writes the problem file (`monet profile`), and `solve_problem_file`
-    solves it with `solve`'s settings, without the model's code or torch. `implementations=False`
-    profiles only what checkpointing needs (every op runs as in PyTorch)."""
-    spec = InputSpec(tuple(input_shape), input_dtype, input_requires_grad)
-    problem = trace_problem(model, spec, cost_model=cost_model, implementations=implementations, progress=progress)
+    """Trace and profile `model` called with `inputs` (as `solve` takes them) here (on the model's
+    device), for solving later or elsewhere: `.save(path)` writes the problem file (`monet profile`),
+    and `solve_problem_file` solves it with `solve`'s settings, without the model's code or torch.
+    `implementations=False` profiles only what checkpointing needs (every op runs as in PyTorch)."""
+    problem = trace_problem(model, inputs, input_dtype=input_dtype, input_requires_grad=input_requires_grad,
+                            autocast=autocast, cost_model=cost_model, implementations=implementations,
+                            progress=progress)
     return ProblemFile(problem, implementations)
 
 

@@ -44,28 +44,45 @@ def input_dtype(name: str) -> str:
     return BUNDLED[name].input_dtype if name in BUNDLED else "float32"
 
 
-def load_model(name: str):
-    """A bundled model by short name, or `package.module:factory` called with no arguments. Modules
-    are looked for in the installed packages and then in the current folder."""
-    from torch import nn
-
-    check_model_name(name)
-    module_name, _, attr = (BUNDLED[name].factory if name in BUNDLED else name).partition(":")
+def load_callable(name: str, what: str):
+    """The callable `package.module:attr` names (`what` says what it is for, in errors). Modules are
+    looked for in the installed packages and then in the current folder."""
+    module_name, _, attr = name.partition(":")
     if os.getcwd() not in sys.path:  # console scripts do not put the current folder on the path
         sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name != module_name.split(".")[0] and exc.name != module_name:
-            raise ValueError(f"importing {module_name} for model {name!r} failed: {exc}") from exc
-        raise ValueError(f"cannot load model {name!r}: no module {module_name!r} among the installed packages "
+            raise ValueError(f"importing {module_name} for {what} failed: {exc}") from exc
+        raise ValueError(f"cannot load {what}: no module {module_name!r} among the installed packages "
                          f"or in the current folder ({os.getcwd()})") from exc
     except Exception as exc:
-        raise ValueError(f"importing {module_name} for model {name!r} failed: {type(exc).__name__}: {exc}") from exc
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ValueError(f"cannot load model {name!r}: {module_name} has no callable {attr!r}")
-    model = factory()
+        raise ValueError(f"importing {module_name} for {what} failed: {type(exc).__name__}: {exc}") from exc
+    found = getattr(module, attr, None)
+    if not callable(found):
+        raise ValueError(f"cannot load {what}: {module_name} has no callable {attr!r}")
+    return found
+
+
+def load_model(name: str):
+    """(model, example inputs or None): a bundled model by short name, or `package.module:factory`
+    called with no arguments, which returns an nn.Module or (nn.Module, example inputs); example
+    inputs are what monet.solve takes (a tensor, a tuple of positional inputs, a dict of keyword ones)."""
+    from torch import nn
+
+    check_model_name(name)
+    made = load_callable(BUNDLED[name].factory if name in BUNDLED else name, f"model {name!r}")()
+    model, inputs = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
     if not isinstance(model, nn.Module):
-        raise ValueError(f"{name} returned {type(model).__name__}, not an nn.Module")
-    return model
+        raise ValueError(f"{name} returned {type(made).__name__}, not an nn.Module or (nn.Module, example inputs)")
+    return model, inputs
+
+
+def load_inputs(name: str):
+    """The example inputs `package.module:function` returns when called with no arguments."""
+    module_name, colon, attr = name.partition(":")
+    if not (colon and module_name and attr):
+        raise ValueError(f"--inputs {name!r}: give package.module:function (a callable that returns the model's "
+                         "example inputs: a tensor, a tuple of positional inputs or a dict of keyword inputs)")
+    return load_callable(name, f"inputs {name!r}")()

@@ -21,7 +21,9 @@ from rich.table import Table
 
 from monet.errors import MonetError
 from monet.schedules import (
+    AUTOCAST_DTYPES,
     COST_MODELS,
+    Inputs,
     InputSpec,
     ProblemFile,
     ScheduleFile,
@@ -33,7 +35,7 @@ from monet.schedules import (
 from monet.solver import FORMULATIONS, InfeasibleBudgetError, SolveSettings, format_bytes, keep_all, simulate
 
 from .budget import parse_budget
-from .catalog import BUNDLED, check_model_name, input_dtype, load_model
+from .catalog import BUNDLED, check_model_name, input_dtype, load_inputs, load_model
 from .pareto import STRATEGIES, Point, check_strategies, parse_budget_range, sweep, title, write_results
 from .progress import interrupted, progress_display, wrote
 
@@ -123,12 +125,20 @@ def _model_options(parser: argparse.ArgumentParser, problem: str | None = None) 
         parser.add_argument("--problem", metavar="FILE", help=problem)
     else:
         parser.add_argument("model", help=model_help)
-    parser.add_argument("--input-shape", type=parse_shape, required=not problem,
-                        help="e.g. 32,3,224,224" + (" (needed with MODEL)" if problem else ""))
-    parser.add_argument("--input-dtype", help="dtype of the input. Default: the bundled model's, else float32")
+    parser.add_argument("--input-shape", type=parse_shape,
+                        help="one input tensor of this shape, e.g. 32,3,224,224 (needed with MODEL unless --inputs "
+                             "or MODEL's factory give example inputs)")
+    parser.add_argument("--inputs", metavar="MODULE:FUNCTION",
+                        help="example inputs: package.module:function returning a tensor, a tuple of positional "
+                             "inputs or a dict of keyword inputs (a factory MODEL may also return (model, inputs))")
+    parser.add_argument("--input-dtype", help="dtype of the --input-shape tensor. Default: the bundled model's, "
+                                              "else float32")
     parser.add_argument("--input-requires-grad", action="store_true",
-                        help="the input needs a gradient too (costs memory)")
+                        help="the --input-shape tensor needs a gradient too (costs memory)")
     parser.add_argument("--device", help="device to trace and profile on. Default: cpu")
+    parser.add_argument("--autocast", choices=AUTOCAST_DTYPES,
+                        help="trace and train the step under torch.autocast at this dtype (mixed precision; "
+                             "bfloat16 on CPU). Default: off")
 
 
 def _as_flags(text: str) -> str:
@@ -239,11 +249,27 @@ def _device(name: str):
 
 
 def _load(args):
-    """The model named on the command line, on its device, with the input spec the arguments give."""
+    """The model named on the command line, on its device, and the inputs to trace it with: an input
+    spec from --input-shape, or example inputs from --inputs or the model's factory (on that device)."""
+    import torch
+    from torch.utils import _pytree as pytree
 
     device = _device(args.device or "cpu")
-    spec = InputSpec(args.input_shape, args.input_dtype or input_dtype(args.model), args.input_requires_grad)
-    return load_model(args.model).to(device), spec
+    model, given = load_model(args.model)
+    named = [flag for flag, used in (("--input-shape", args.input_shape), ("--inputs", args.inputs),
+                                     (f"{args.model}'s factory", given is not None)) if used]
+    if len(named) != 1:
+        got = f"got {', '.join(named)}" if named else "none given"
+        raise ValueError(f"`monet {args.command} {args.model}` takes its inputs from one of --input-shape (e.g. "
+                         f"32,3,224,224), --inputs or a factory that returns (model, inputs); {got}")
+    if args.input_shape is None and (args.input_dtype or args.input_requires_grad):
+        raise ValueError("--input-dtype and --input-requires-grad describe the --input-shape tensor; example inputs "
+                         "carry their own")
+    if args.input_shape is not None:
+        return model.to(device), InputSpec(args.input_shape, args.input_dtype or input_dtype(args.model),
+                                           args.input_requires_grad)
+    inputs = load_inputs(args.inputs) if args.inputs else given
+    return model.to(device), pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, inputs)
 
 
 def _save(made, path: str) -> Path:
@@ -269,7 +295,7 @@ def _solve(args) -> int:
     if args.problem:
         made = load_problem(args.problem)
     else:
-        model, spec = _load(args)
+        model, inputs = _load(args)
         name = type(model).__name__
     settings = _settings(args)
     with _progress() as progress:
@@ -277,7 +303,7 @@ def _solve(args) -> int:
             def solve_it(settings: SolveSettings, **call) -> ScheduleFile:
                 return solve_problem_file(made, args.budget, settings, **call)
         else:
-            problem = trace_problem(model, spec, cost_model=args.cost_model,
+            problem = trace_problem(model, inputs, autocast=args.autocast, cost_model=args.cost_model,
                                     implementations=settings.implementations, progress=progress)
 
             def solve_it(settings: SolveSettings, **call) -> ScheduleFile:
@@ -350,10 +376,10 @@ def _pareto(args) -> int:
     else:
         from .api import trace_problem
 
-        model, spec = _load(args)
+        model, inputs = _load(args)
         with _progress() as progress:
-            problem = trace_problem(model, spec, cost_model=args.cost_model, implementations="monet" in strategies,
-                                    progress=progress)
+            problem = trace_problem(model, inputs, autocast=args.autocast, cost_model=args.cost_model,
+                                    implementations="monet" in strategies, progress=progress)
     full = simulate(problem, keep_all(problem))
     budgets = parse_budget_range(args.budgets, full.peak)
     runs = sum(len(budgets) if STRATEGIES[s][1] else 1 for s in strategies if s in STRATEGIES)
@@ -381,8 +407,9 @@ def _pareto(args) -> int:
 
 
 # options of `solve` and `pareto` that profiling takes: with --problem, the file has fixed them
-_PROFILE_OPTIONS = {"input_shape": "--input-shape", "input_dtype": "--input-dtype",
-                    "input_requires_grad": "--input-requires-grad", "device": "--device", "cost_model": "--cost-model"}
+_PROFILE_OPTIONS = {"input_shape": "--input-shape", "inputs": "--inputs", "input_dtype": "--input-dtype",
+                    "input_requires_grad": "--input-requires-grad", "device": "--device", "autocast": "--autocast",
+                    "cost_model": "--cost-model"}
 
 
 def _model_or_problem(args) -> None:
@@ -397,8 +424,6 @@ def _model_or_problem(args) -> None:
             raise ValueError(f"{', '.join(given)} cannot go with --problem: the problem file was profiled "
                              "with its input, device and cost model (give them to `monet profile`)")
         return
-    if args.input_shape is None:
-        raise ValueError(f"`monet {args.command} {args.model}` needs --input-shape, e.g. 32,3,224,224")
     args.cost_model = args.cost_model or "measured"
 
 
@@ -406,10 +431,10 @@ def _profile(args) -> int:
     _check(args)
     from .api import profile
 
-    model, spec = _load(args)
+    model, inputs = _load(args)
     with _progress() as progress:
-        made = profile(model, spec.shape, input_dtype=spec.dtype, input_requires_grad=spec.requires_grad,
-                       cost_model=args.cost_model, implementations=not args.checkpointing_only, progress=progress)
+        made = profile(model, inputs, autocast=args.autocast, cost_model=args.cost_model,
+                       implementations=not args.checkpointing_only, progress=progress)
     path = _save(made, args.output)
     _print_problem(made)
     console.print(f"wrote {path}", soft_wrap=True)
@@ -423,7 +448,9 @@ def _print_problem(made: ProblemFile) -> None:
     full = simulate(problem, keep_all(problem))
     table = Table(show_header=False, title=f"{made.model} problem")
     table.add_row("input", _input_row(made.input))
-    table.add_row("device / costs", f"{made.device} / {made.cost_model} (torch {made.meta.get('torch', '?')})")
+    autocast = f", autocast {made.meta['autocast']}" if made.meta.get("autocast") else ""
+    table.add_row("device / costs",
+                  f"{made.device}{autocast} / {made.cost_model} (torch {made.meta.get('torch', '?')})")
     table.add_row("ops", f"{len(problem.forward_ops)} forward, {len(problem.backward_ops)} backward")
     table.add_row("ways to run ops", f"{len(problem.choices)} choices" if made.implementations
                   else "not profiled (checkpointing only)")
@@ -432,7 +459,10 @@ def _print_problem(made: ProblemFile) -> None:
     console.print(table)
 
 
-def _input_row(spec: InputSpec) -> str:
+def _input_row(inputs: Inputs) -> str:
+    spec = inputs.single
+    if spec is None:
+        return inputs.describe()
     return f"{'x'.join(map(str, spec.shape))} {spec.dtype}" + (" (needs grad)" if spec.requires_grad else "")
 
 
@@ -440,7 +470,8 @@ def _print_summary(schedule: ScheduleFile) -> None:
     pred, solver = schedule.predicted, schedule.solver
     table = Table(show_header=False, title=f"{schedule.model} schedule")
     table.add_row("input", _input_row(schedule.input))
-    table.add_row("device / costs", f"{schedule.device} / {schedule.cost_model}")
+    autocast = f", autocast {schedule.autocast}" if schedule.autocast else ""
+    table.add_row("device / costs", f"{schedule.device}{autocast} / {schedule.cost_model}")
     table.add_row("budget", format_bytes(schedule.budget))
     table.add_row("predicted peak", f"{format_bytes(pred.peak)} ({pred.peak / pred.unconstrained_peak:.0%} "
                                     f"of {format_bytes(pred.unconstrained_peak)} unconstrained)")
@@ -467,7 +498,7 @@ def _demo(args) -> int:
     from .wrapper import MONeTWrapper
 
     torch.manual_seed(0)
-    model = load_model("cnn")
+    model, _ = load_model("cnn")
     shape = args.input_shape
     console.print(f"monet demo: {BUNDLED['cnn'].about}, batch {'x'.join(map(str, shape))} on CPU")
     x = torch.randn(shape)

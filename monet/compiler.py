@@ -11,7 +11,6 @@ the backward recomputes, how ops run. Inductor then compiles the forward and the
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import os
 import warnings
@@ -25,6 +24,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from monet.graph import (
     Feed,
     GraphAnalysis,
+    Inputs,
     InputSpec,
     analyze,
     cost_graph,
@@ -32,6 +32,7 @@ from monet.graph import (
     inductor_compile,
     inductor_excluded,
     structure,
+    tensor_spec,
 )
 from monet.schedules import ScheduleFile, load_schedule
 from monet.solver import Problem, SolveSettings, validate
@@ -98,7 +99,7 @@ class Backend:
                 problem = structure(analysis, joint)
                 validate(problem, saved.schedule.on(problem))
                 return saved, problem
-        meta = {"model": name, "input": dataclasses.asdict(_batch_spec(inputs, static))}
+        meta = {"model": name, "input": Inputs.tensor(_batch_spec(inputs, static)).to_json()}
         # The partitioner runs under AOTAutograd's fake mode; profiling runs real tensors, and leaves
         # the random generators as it found them (the step's dropout masks stay eager's).
         with unset_fake_temporarily(), torch.random.fork_rng(
@@ -136,7 +137,7 @@ def _batch_spec(inputs: tuple, static: set[int]) -> InputSpec:
         raise ValueError("this torch.compile region has no tensor input with a shape; monet's backend schedules "
                          "regions that take a batch")
     x = max(batch, key=lambda t: t.numel())
-    return InputSpec(tuple(x.shape), str(x.dtype).removeprefix("torch."), x.requires_grad)
+    return tensor_spec(x)
 
 
 def backend(budget: str | int | float, settings: SolveSettings | None = None, *, cost_model: str = "measured",

@@ -8,7 +8,9 @@ import torch
 from torch import nn
 
 from monet.graph import (
+    Example,
     GraphAnalysis,
+    Inputs,
     InputSpec,
     TracedStep,
     TraceError,
@@ -27,8 +29,11 @@ class MONeTWrapper(nn.Module):
     """Wrap `model` to train under the schedule in `solution_file`.
 
     `solution_file` is a path, the name of a bundled schedule, or a ScheduleFile
-    (as `monet.solve` returns). The model is traced once here and checked
-    against the schedule; every training step then runs the compiled schedule.
+    (as `monet.solve` returns). `inputs` is what the model is called with, as `monet.solve` takes
+    it (an input shape, an example tensor, a tuple of positional or a dict of keyword inputs; None:
+    the schedule's own). The model is traced once here and checked against the schedule; every
+    training step, `wrapper(*args, **kwargs)` with inputs like those, then runs the compiled
+    schedule and returns the model's output.
     In eval mode or under torch.no_grad the plain model runs. `graphs` holds the forward and
     backward fx modules that run (to see what is saved, recomputed and how each op runs).
     With `compile`, Inductor compiles that forward and backward (fused kernels, as torch.compile
@@ -36,15 +41,16 @@ class MONeTWrapper(nn.Module):
     peak are for the ops unfused (see README, "Compiled by Inductor").
     """
 
-    def __init__(self, model: nn.Module, solution_file: str | os.PathLike | ScheduleFile,
-                 input_shape: tuple[int, ...] | list[int] | torch.Size, *, compile: bool = False):
+    def __init__(self, model: nn.Module, solution_file: str | os.PathLike | ScheduleFile, inputs=None, *,
+                 compile: bool = False):
         super().__init__()
         self.model = model
         # `solution_file` is MONeT's name for the argument; inside, it is the schedule file it names
         schedule_file = solution_file if isinstance(solution_file, ScheduleFile) else load_schedule(solution_file)
-        spec = InputSpec(tuple(input_shape), schedule_file.input.dtype, schedule_file.input.requires_grad)
+        example = _example(schedule_file, inputs, model)
+        spec = example.spec()
         _check_input(schedule_file, spec, model)
-        with _traced(model, spec, schedule_file) as step:
+        with _traced(model, example, schedule_file) as step:
             analysis = analyze(step.graph_module)
             _check_graph(schedule_file, analysis, model, spec)
             problem = structure(analysis, step.graph_module)
@@ -62,31 +68,46 @@ class MONeTWrapper(nn.Module):
     def _keep_graphs(self, forward: torch.fx.GraphModule, backward: torch.fx.GraphModule) -> None:
         self.graphs = {"forward": forward, "backward": backward}
 
-    def forward(self, x: torch.Tensor):
+    def forward(self, *args, **kwargs):
         if not (self.training and torch.is_grad_enabled()):
-            return self.model(x)
+            return self.model(*args, **kwargs)
         device = self.schedule_file.device
         if torch.is_autocast_enabled(device):
-            raise ScheduleMismatchError(
-                f"the wrapper was called under torch.autocast({device!r}), but schedules are solved and run without "
-                "it; autocast inside the model's own forward is traced and works, or call the wrapper outside it")
-        if tuple(x.shape) != self.spec.shape:
-            raise ValueError(f"input shape {tuple(x.shape)} is not the shape {self.spec.shape} this schedule "
-                             "was solved for; solve a schedule for this shape")
-        if x.dtype != self.spec.torch_dtype:
-            raise ValueError(f"input dtype {x.dtype} is not {self.spec.dtype}, which this schedule was solved for")
-        if x.requires_grad and not self.spec.requires_grad:
-            raise ValueError("the input requires grad, but this schedule was solved for an input without a "
-                             "gradient; re-solve with input_requires_grad=True (CLI: --input-requires-grad)")
+            called = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
+            if called != self.schedule_file.autocast:
+                solved = (f"under torch.autocast at {self.schedule_file.autocast}" if self.schedule_file.autocast
+                          else "without autocast")
+                raise ScheduleMismatchError(
+                    f"the wrapper was called under torch.autocast({device!r}, dtype=torch.{called}), but the schedule "
+                    f"was solved {solved}, which the wrapper applies itself; call it outside autocast, or solve with "
+                    f"monet.solve(..., autocast={called!r}) (CLI: --autocast {called})")
+        mismatch = _difference(self.spec, Example(args, kwargs).spec())
+        if mismatch:
+            raise ScheduleMismatchError(f"{mismatch}; solve a schedule for these inputs")
         params = [self.model.get_parameter(n) for n in self._param_names]
         buffers = [self.model.get_buffer(n) for n in self._buffer_names]
-        return self._step(*params, *buffers, x)
+        with torch.autocast(device, enabled=False):  # the graph holds the schedule's casts
+            return self._step(*params, *buffers, *args, **kwargs)
 
 
-def _traced(model: nn.Module, spec: InputSpec, schedule_file: ScheduleFile) -> TracedStep:
+def _example(schedule_file: ScheduleFile, inputs, model: nn.Module) -> Example:
+    """The inputs to trace the wrapper's step at: `inputs` as given (a shape takes the schedule's
+    dtype and requires_grad), or the schedule's own (None)."""
+    device = model_device(model)
+    recorded, single = schedule_file.input, schedule_file.input.single
+    if inputs is None:
+        return Example.of(recorded, device=device)
+    if single is not None and not isinstance(inputs, torch.Tensor) and isinstance(inputs, (tuple, list, torch.Size)) \
+            and all(isinstance(s, int) for s in inputs):
+        return Example.of(inputs, dtype=single.dtype, requires_grad=single.requires_grad, device=device)
+    return Example.of(inputs, device=device)
+
+
+def _traced(model: nn.Module, example: Example, schedule_file: ScheduleFile) -> TracedStep:
     """Trace `model`; a model that cannot take the schedule's input is the wrong model."""
+    spec = example.spec()
     try:
-        return TracedStep(model, spec)
+        return TracedStep(model, example, schedule_file.autocast)
     except TraceError as exc:
         if schedule_file.model == type(model).__name__:
             raise
@@ -96,10 +117,31 @@ def _traced(model: nn.Module, spec: InputSpec, schedule_file: ScheduleFile) -> T
         ) from exc
 
 
-def _check_input(schedule_file: ScheduleFile, spec: InputSpec, model: nn.Module) -> None:
-    shape = schedule_file.input.shape
-    if shape != spec.shape:
-        raise ScheduleMismatchError(f"the schedule was made for input shape {shape}, not {spec.shape}")
+def _difference(expected: Inputs, called: Inputs) -> str | None:
+    """How a call's inputs differ from those a schedule was made for, in words; None where they agree
+    (an input may go without the gradient the schedule allows for, not the other way round)."""
+    ours, theirs = list(expected.leaves()), list(called.leaves())
+    if [path for path, _ in ours] != [path for path, _ in theirs]:
+        return (f"the inputs are {called.describe()}, but the schedule was made for {expected.describe()} "
+                "(other arguments or structure)")
+    for (path, want), (_, got) in zip(ours, theirs):
+        if isinstance(want, InputSpec) and isinstance(got, InputSpec):
+            if want.shape != got.shape:
+                return f"input {path} has shape {got.shape}, but the schedule was made for shape {want.shape}"
+            if want.dtype != got.dtype:
+                return f"input {path} is {got.dtype}, but the schedule was made for {want.dtype}"
+            if got.requires_grad and not want.requires_grad:
+                return (f"input {path} requires grad, but the schedule was made for it without a gradient "
+                        "(solve with input_requires_grad=True, CLI --input-requires-grad, or pass it so)")
+        elif want != got or type(want) is not type(got):
+            return f"input {path} is {got!r}, but the schedule was made for {want!r}"
+    return None
+
+
+def _check_input(schedule_file: ScheduleFile, spec: Inputs, model: nn.Module) -> None:
+    mismatch = _difference(schedule_file.input, spec)
+    if mismatch:
+        raise ScheduleMismatchError(mismatch)
     device = model_device(model).type
     if schedule_file.device != device:
         raise ScheduleMismatchError(
@@ -127,7 +169,7 @@ def _check_compilable(schedule_file: ScheduleFile, gm: torch.fx.GraphModule, ana
             "(monet.solve(..., options={choice: option}))")
 
 
-def _check_graph(schedule_file: ScheduleFile, analysis: GraphAnalysis, model: nn.Module, spec: InputSpec) -> None:
+def _check_graph(schedule_file: ScheduleFile, analysis: GraphAnalysis, model: nn.Module, spec: Inputs) -> None:
     if schedule_file.graph.fingerprint == analysis.fingerprint:
         return
     theirs = list(schedule_file.graph.ops)

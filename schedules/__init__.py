@@ -2,13 +2,13 @@
 problem file (a profiled training step, solved anywhere)."""
 
 from .format import (
+           AUTOCAST_DTYPES,
            BUNDLED_DIR,
            COST_MODELS,
            FORMAT,
            VERSION,
            Decisions,
            GraphRecord,
-           InputSpec,
            Prediction,
            ScheduleFile,
            ScheduleFileError,
@@ -19,6 +19,7 @@ from .format import (
            write_atomic,
            write_json,
 )
+from .inputs import Inputs, InputSpec
 from .problem_file import (
            PROBLEM_FILE_VERSION,
            PROBLEM_FORMAT,
@@ -28,7 +29,7 @@ from .problem_file import (
            problem_digest,
 )
 
-__all__ = ["BUNDLED_DIR", "COST_MODELS", "FORMAT", "PROBLEM_FILE_VERSION", "PROBLEM_FORMAT", "VERSION", "Decisions",
-           "GraphRecord", "InputSpec", "Prediction", "ProblemFile", "ProblemFileError", "ScheduleFile",
-           "ScheduleFileError", "SolverRecord", "bundled_names", "check_writable", "load_problem", "load_schedule",
-           "problem_digest", "write_atomic", "write_json"]
+__all__ = ["AUTOCAST_DTYPES", "BUNDLED_DIR", "COST_MODELS", "FORMAT", "PROBLEM_FILE_VERSION", "PROBLEM_FORMAT",
+           "VERSION", "Decisions", "GraphRecord", "InputSpec", "Inputs", "Prediction", "ProblemFile",
+           "ProblemFileError", "ScheduleFile", "ScheduleFileError", "SolverRecord", "bundled_names", "check_writable",
+           "load_problem", "load_schedule", "problem_digest", "write_atomic", "write_json"]

@@ -1,10 +1,10 @@
 """The schedule file: versioned JSON, validated on load, written atomically.
 
 A schedule file names the graph it was made for (a fingerprint and the list of
-its ops), the input and device, the budget and the prediction, how the solver
-did, and the decisions: how ops run (each choice's option, and which of those
-change gradients), the forward tensors to keep (with their sizes) and the
-backward sequence, in which every forward op is a recomputation.
+its ops), the input and device (and the torch.autocast dtype, where it was traced under
+one), the budget and the prediction, how the solver did, and the decisions: how ops run
+(each choice's option, and which of those change gradients), the forward tensors to keep
+(with their sizes) and the backward sequence, in which every forward op is a recomputation.
 """
 
 from __future__ import annotations
@@ -21,21 +21,15 @@ from monet.errors import MonetError
 from monet.solver import Problem, Schedule, Solution, SolverRecord, keep_all, simulate
 from monet.solver.simulate import Replay
 
+from .inputs import INPUT_SCHEMA, Inputs
+
 FORMAT = "monet.schedule"
 VERSION = 1
 COST_MODELS = ("measured", "analytic")  # how op times were obtained: measured here, or from FLOPs and bytes
 BUNDLED_DIR = Path(__file__).parent
 
 DEVICES = ("cpu", "cuda")
-INPUT_SCHEMA = {  # the input a schedule or problem was made for (InputSpec's fields)
-    "type": "object", "required": ["shape", "dtype", "requires_grad"],
-    "properties": {
-        "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1},
-        "dtype": {"type": "string"},
-        "requires_grad": {"type": "boolean"},
-    },
-}
-
+AUTOCAST_DTYPES = ("bfloat16", "float16")  # torch.autocast's dtypes a step can be traced under
 _SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
@@ -47,6 +41,7 @@ _SCHEMA = {
         "model": {"type": "string"},
         "input": INPUT_SCHEMA,
         "device": {"enum": list(DEVICES)},
+        "autocast": {"enum": list(AUTOCAST_DTYPES)},
         "budget": {"type": "integer", "minimum": 0},
         "predicted": {
             "type": "object", "required": ["peak", "time", "unconstrained_peak", "unconstrained_time"],
@@ -145,52 +140,6 @@ class ScheduleFileError(MonetError, ValueError):
     """A schedule file that is missing, corrupt, of an unknown version, or that cannot be written."""
 
 
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")  # input dtypes monet traces
-_FLOATS = ("float32", "float16", "bfloat16", "float64")
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """The one tensor a model takes: its shape, dtype and whether it wants a gradient."""
-
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-    requires_grad: bool = False
-
-    def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        if not self.shape or any(s <= 0 for s in self.shape):
-            raise ValueError(f"input shape must be positive integers, got {self.shape}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"input dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.requires_grad and self.dtype not in _FLOATS:
-            raise ValueError(f"an input of dtype {self.dtype} cannot require a gradient")
-
-    @property
-    def torch_dtype(self):
-        import torch  # only where a tensor is made: reading files needs no torch
-
-        return getattr(torch, self.dtype)
-
-    def example(self, device="cpu", seed: int = 0):
-        """A batch of this spec: standard normal for floats, zeros (valid token ids) for integers."""
-        import torch
-
-        gen = torch.Generator().manual_seed(seed)
-        if self.dtype in _FLOATS:
-            x = torch.randn(self.shape, generator=gen, dtype=self.torch_dtype)
-        else:
-            x = torch.zeros(self.shape, dtype=self.torch_dtype)
-        return x.to(device).requires_grad_(self.requires_grad)
-
-    def describe(self) -> str:
-        grad = ", requires_grad" if self.requires_grad else ""
-        return f"({', '.join(map(str, self.shape))}) {self.dtype}{grad}"
-
-    def to_dict(self) -> dict:
-        return {"shape": list(self.shape), "dtype": self.dtype, "requires_grad": self.requires_grad}
-
-
 @dataclass(frozen=True)
 class Prediction:
     """What the simulator predicts for the schedule, and for keeping everything (bytes, seconds)."""
@@ -260,7 +209,7 @@ class ScheduleFile:
     what it is predicted to cost, what made it, and its decisions."""
 
     model: str
-    input: InputSpec
+    input: Inputs
     device: str
     budget: int
     predicted: Prediction
@@ -268,6 +217,7 @@ class ScheduleFile:
     cost_model: str
     graph: GraphRecord
     schedule: Decisions
+    autocast: str | None = None  # the dtype of the torch.autocast the step was traced and runs under
     format: str = FORMAT
     version: int = VERSION
 
@@ -281,12 +231,12 @@ class ScheduleFile:
         replay = simulate(problem, schedule) if replay is None else replay
         meta = problem.meta
         return cls(
-            model=model, input=InputSpec(**meta["input"]), device=meta["device"], budget=budget,
+            model=model, input=Inputs.from_json(meta["input"]), device=meta["device"], budget=budget,
             predicted=Prediction(replay.peak, replay.time, unconstrained.peak, unconstrained.time),
             solver=solver, cost_model=meta["cost_model"],
             graph=GraphRecord(meta["fingerprint"], tuple((op.name, op.target, op.phase) for op in problem.ops),
                               tuple(sorted({t.dtype for t in problem.tensors if t.role == "param" and t.dtype}))),
-            schedule=Decisions.of(problem, schedule))
+            schedule=Decisions.of(problem, schedule), autocast=meta.get("autocast"))
 
     @classmethod
     def from_solution(cls, problem: Problem, solution: Solution, model: str, *, unconstrained: Replay | None = None,
@@ -297,10 +247,10 @@ class ScheduleFile:
                       replay=solution.replay, unconstrained=unconstrained)
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "input": self.input.to_dict(), "device": self.device, "budget": self.budget,
+        return {"model": self.model, "input": self.input.to_json(), "device": self.device, "budget": self.budget,
                 "predicted": asdict(self.predicted), "solver": self.solver.to_dict(), "cost_model": self.cost_model,
                 "graph": self.graph.to_dict(), "schedule": self.schedule.to_dict(), "format": self.format,
-                "version": self.version}
+                "version": self.version, **({"autocast": self.autocast} if self.autocast else {})}
 
     def save(self, path: str | os.PathLike) -> Path:
         return write_json(path, self.to_dict())
@@ -316,10 +266,11 @@ class ScheduleFile:
             )
         try:
             jsonschema.validate(data, _SCHEMA)
-            return cls(model=data["model"], input=InputSpec(**data["input"]), device=data["device"],
+            return cls(model=data["model"], input=Inputs.from_json(data["input"]), device=data["device"],
                        budget=data["budget"], predicted=Prediction(**data["predicted"]),
                        solver=SolverRecord.from_dict(data["solver"]), cost_model=data["cost_model"],
-                       graph=GraphRecord.from_dict(data["graph"]), schedule=Decisions.from_dict(data["schedule"]))
+                       graph=GraphRecord.from_dict(data["graph"]), schedule=Decisions.from_dict(data["schedule"]),
+                       autocast=data.get("autocast"))
         except jsonschema.ValidationError as exc:
             where = "/".join(map(str, exc.absolute_path)) or "top level"
             raise ScheduleFileError(f"{source} is corrupt at {where}: {exc.message}") from None

@@ -10,8 +10,8 @@ names the graph's fingerprint, so MONeTWrapper runs it only on the model it was 
 Layout (version 1):
 
     {"format": "monet.problem", "version": 1,
-     "meta": {"model", "input": {"shape", "dtype", "requires_grad"}, "device", "cost_model",
-              "torch", "fingerprint", ...},     # how and where it was profiled; the graph's hash
+     "meta": {"model", "input": (as schedules.inputs writes it), "device", "cost_model",
+              "torch", "fingerprint", "autocast"?, ...},  # how and where it was profiled; the graph's hash
      "implementations": bool,                     # were other ways to run ops profiled
      "digest": "sha256:...",                      # of the problem (meta included), canonical JSON
      "problem": {"version", "tensors", "ops", "choices"}}   # solver.Problem.to_dict() less meta
@@ -31,8 +31,9 @@ import jsonschema
 from monet.solver import Problem
 from monet.solver.problem import PHASES, PROBLEM_VERSION, ROLES, ProblemError
 
-from .format import COST_MODELS, DEVICES, INPUT_SCHEMA, InputSpec, ScheduleFileError, write_atomic
+from .format import AUTOCAST_DTYPES, COST_MODELS, DEVICES, ScheduleFileError, write_atomic
 from .format import FORMAT as SCHEDULE_FORMAT
+from .inputs import INPUT_SCHEMA, Inputs
 
 PROBLEM_FORMAT = "monet.problem"
 PROBLEM_FILE_VERSION = 1
@@ -61,6 +62,7 @@ _SCHEMA = {
                 "model": {"type": "string"},
                 "input": INPUT_SCHEMA,
                 "device": {"enum": list(DEVICES)},
+                "autocast": {"enum": list(AUTOCAST_DTYPES)},
                 "cost_model": {"enum": list(COST_MODELS)},
                 "torch": {"type": "string"},
                 "fingerprint": {"type": "string", "minLength": 1},
@@ -148,8 +150,8 @@ class ProblemFile:
         return self.meta["model"]
 
     @property
-    def input(self) -> InputSpec:
-        return InputSpec(**self.meta["input"])
+    def input(self) -> Inputs:
+        return Inputs.from_json(self.meta["input"])
 
     @property
     def device(self) -> str:
@@ -194,9 +196,12 @@ class ProblemFile:
                                    f"version {PROBLEM_FILE_VERSION}; profile the model again with `monet profile`")
         try:
             jsonschema.validate(data, _SCHEMA)
+            Inputs.from_json(data["meta"]["input"])
         except jsonschema.ValidationError as exc:
             where = "/".join(map(str, exc.absolute_path)) or "top level"
             raise ProblemFileError(f"{source} is corrupt at {where}: {exc.message}") from None
+        except ValueError as exc:
+            raise ProblemFileError(f"{source} is corrupt at meta/input: {exc}") from None
         try:
             problem = Problem.from_dict({**data["problem"], "meta": data["meta"]})
         except ProblemError as exc:

@@ -53,7 +53,7 @@ def gradient_errors(wrapped, model, reference, x) -> dict[str, float]:
     outputs, input_grads, weights = [], [], None
     for module in (wrapped, reference):
         torch.manual_seed(2)  # the same dropout masks
-        xi = x.clone().requires_grad_(wrapped.spec.requires_grad)
+        xi = x.clone().requires_grad_(wrapped.spec.single.requires_grad)
         out = module(xi)
         if weights is None:
             weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
@@ -61,7 +61,7 @@ def gradient_errors(wrapped, model, reference, x) -> dict[str, float]:
         outputs.append(out.detach())
         input_grads.append(xi.grad)
     errors = {"output": rel_err(*outputs)}
-    if wrapped.spec.requires_grad:
+    if wrapped.spec.single.requires_grad:
         errors["input"] = rel_err(*input_grads)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         errors[name] = rel_err(p.grad, q.grad)
@@ -69,13 +69,16 @@ def gradient_errors(wrapped, model, reference, x) -> dict[str, float]:
 
 
 def compiled_module(model, spec, **compile_options):
-    """torch.compile(model, **compile_options) as a module with the `spec` that gradient_errors reads."""
+    """torch.compile(model, **compile_options) as a module with the `spec` (one tensor's InputSpec, as
+    Inputs) that gradient_errors reads, as MONeTWrapper has it."""
     import torch
+
+    from monet.schedules import Inputs
 
     class _Compiled(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.compiled, self.spec = torch.compile(model, **compile_options), spec
+            self.compiled, self.spec = torch.compile(model, **compile_options), Inputs.tensor(spec)
 
         def forward(self, x):
             return self.compiled(x)

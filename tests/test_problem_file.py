@@ -86,7 +86,7 @@ def test_profile_solve_problem_then_train_like_pytorch(tmp_path, capsys):
     assert code == 0, err
     assert f"wrote {problem_path}" in printed and "graph fingerprint" in printed
     made = load_problem(problem_path)
-    assert made.model == "MLP" and made.cost_model == "analytic" and made.input.requires_grad
+    assert made.model == "MLP" and made.cost_model == "analytic" and made.input.single.requires_grad
     code, printed, err = cli(capsys, "solve", "--problem", problem_path, "--budget", "60%", "-o", out,
                              "--time-limit", "30")
     assert code == 0, err

@@ -184,10 +184,10 @@ def trace_error(model, shape=(2, 4)):
     return str(info.value)
 
 
-def test_a_two_input_model_is_told_monet_passes_one_tensor():
+def test_a_two_input_model_given_one_tensor_is_told_to_pass_every_input():
     message = trace_error(TwoInputs())
-    assert message.startswith("monet passes one tensor to the model (the input, (2, 4) float32); "
-                              "TwoInputs.forward needs 2 arguments (x, mask)")
+    assert message.startswith("TwoInputs.forward cannot take the inputs (2, 4) float32: missing a required "
+                              "argument: 'mask'. Pass every input the forward needs")
     assert "control flow" not in message
 
 

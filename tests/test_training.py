@@ -90,7 +90,8 @@ def test_eval_mode_and_no_grad_run_the_plain_model():
 def test_wrong_inputs_are_refused():
     model, shape = small_model("cnn")
     wrapped = MONeTWrapper(model, schedule_for("cnn", "50%"), shape)
-    with pytest.raises(ValueError, match=r"input shape \(8, 3, 32, 32\) is not the shape \(16, 3, 32, 32\)"):
+    with pytest.raises(ValueError, match=r"input x has shape \(8, 3, 32, 32\), but the schedule was made for "
+                                         r"shape \(16, 3, 32, 32\)"):
         wrapped(torch.randn(8, 3, 32, 32))
     with pytest.raises(ValueError, match="dtype"):
         wrapped(torch.randn(shape, dtype=torch.float64))

@@ -29,7 +29,7 @@ def test_bundled_schedules_are_named_listed_and_within_budget():
         made = load_schedule(name)
         tag, _, pct = name.rpartition("-")
         bench = tags[tag]
-        assert tuple(made.input.shape) == bench.input_shape and made.input.dtype == bench.input_dtype
+        assert made.input.single == InputSpec(bench.input_shape, bench.input_dtype)
         assert pct == f"{round(100 * made.budget / made.predicted.unconstrained_peak)}pct"
         assert made.cost_model == "analytic" and made.predicted.peak <= made.budget
         assert f"| {name} |" in listed
