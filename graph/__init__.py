@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from monet.schedules import COST_MODELS, Inputs, InputSpec
+from monet.schedules import COST_MODELS, Inputs, InputSpec, OptimizerSpec
 from monet.solver import Problem
 from monet.solver.edit import add_choices
 
@@ -16,18 +16,22 @@ from .capture import TracedStep, TraceError, inductor_compile, model_device
 from .cost_model import analytic_times, fused_reruns
 from .example import Example, tensor_spec
 from .implementations import RERUN, choice_specs, inductor_excluded, not_compiled, rewrite, structure
+from .optimizer import measure_update
 from .profile import Feed, measure_times, measure_workspace
 
 
 def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = "measured", *,
-                   implementations: bool = True, repeats: int = 3,
+                   implementations: bool = True, repeats: int = 3, optimizer: OptimizerSpec | None = None,
                    progress: Callable[[str, int, int | None], None] | None = None) -> Problem:
-    """The analysed problem of a traced model's step, costed (see cost_graph) on its example batch."""
+    """The analysed problem of a traced model's step, costed (see cost_graph) on its example batch;
+    with `optimizer`, the step ends with its update (its state and workspace measured here)."""
     feed = Feed(step.model, tuple(step.example.flat))
-    return cost_graph(step.graph_module, analysis, feed, cost_model,
-                      {"model": type(step.model).__name__, "input": step.inputs.to_json(),
-                       **({"autocast": step.autocast} if step.autocast else {})},
-                      implementations=implementations, repeats=repeats, progress=progress)
+    meta = {"model": type(step.model).__name__, "input": step.inputs.to_json(),
+            **({"autocast": step.autocast} if step.autocast else {}),
+            **({"optimizer": optimizer.to_dict()} if optimizer else {})}
+    problem = cost_graph(step.graph_module, analysis, feed, cost_model, meta, implementations=implementations,
+                         repeats=repeats, progress=progress)
+    return dataclasses.replace(problem, update=measure_update(step.model, optimizer)) if optimizer else problem
 
 
 def cost_graph(gm: torch.fx.GraphModule, analysis: GraphAnalysis, feed: Feed, cost_model: str, meta: dict, *,

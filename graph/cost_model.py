@@ -50,6 +50,6 @@ def fused_reruns(problem: Problem, gm: torch.fx.GraphModule) -> Problem:
     def free(impl):
         return replace(impl, rerun_time=0.0) if impl.rerun_time is None else impl
 
-    return Problem(problem.tensors, [replace(op, pytorch=free(op.pytorch), others=tuple(map(free, op.others)))
-                                     if op.phase == "forward" and op.name in pointwise else op
-                                     for op in problem.ops], problem.meta, problem.choices)
+    return replace(problem, ops=tuple(replace(op, pytorch=free(op.pytorch), others=tuple(map(free, op.others)))
+                                      if op.phase == "forward" and op.name in pointwise else op
+                                      for op in problem.ops))

@@ -7,7 +7,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING
 
-from monet.schedules import ProblemFile, ScheduleFile, load_problem
+from monet.schedules import OptimizerSpec, ProblemFile, ScheduleFile, load_problem
 from monet.solver import Problem, Schedule, SolveSettings, keep_all, simulate
 from monet.solver import solve as solve_problem
 from monet.solver.options import settings_of
@@ -24,10 +24,11 @@ if TYPE_CHECKING:  # torch and monet.graph load where a model is traced: solving
 
 
 def trace_problem(model: nn.Module, inputs, *, input_dtype: str | None = None, input_requires_grad: bool | None = None,
-                  autocast: str | None = None, cost_model: str = "measured", implementations: bool = True,
-                  progress: Progress | None = None) -> Problem:
+                  autocast: str | None = None, optimizer=None, micro_batches: int = 1, cost_model: str = "measured",
+                  implementations: bool = True, progress: Progress | None = None) -> Problem:
     """Trace `model` called with `inputs` (see `solve`), under `autocast`, and cost every op of its
-    training step, with (`implementations`) every alternative way an op can run, measured here."""
+    training step, with (`implementations`) every alternative way an op can run, and the
+    `optimizer`'s update after `micro_batches` backward passes, measured here."""
     from monet.graph import Example, TracedStep, analyze, costed_problem, model_device
 
     if not model.training:
@@ -37,15 +38,21 @@ def trace_problem(model: nn.Module, inputs, *, input_dtype: str | None = None, i
     if progress:
         progress("tracing", 0, None, "")
     example = Example.of(inputs, dtype=input_dtype, requires_grad=input_requires_grad, device=model_device(model))
+    if micro_batches != 1 and optimizer is None:
+        raise ValueError("micro_batches counts the backward passes whose gradients accumulate before each optimizer "
+                         "step: name the optimizer too (optimizer='adam')")
+    spec = OptimizerSpec.of(optimizer, micro_batches) if optimizer is not None else None
     with TracedStep(model, example, autocast) as step:
         analysis = analyze(step.graph_module)
     stage = (lambda name, done, total: progress(name, done, total, "")) if progress else None
-    return costed_problem(step, analysis, cost_model, implementations=implementations, progress=stage)
+    return costed_problem(step, analysis, cost_model, implementations=implementations, optimizer=spec,
+                          progress=stage)
 
 
 def solve(model: nn.Module, inputs, budget: str | int | float, settings: SolveSettings | None = None, *,
           input_dtype: str | None = None, input_requires_grad: bool | None = None, autocast: str | None = None,
-          cost_model: str = "measured", progress: Progress | None = None, **changes) -> ScheduleFile:
+          optimizer=None, micro_batches: int = 1, cost_model: str = "measured", progress: Progress | None = None,
+          **changes) -> ScheduleFile:
     """The fastest schedule for training `model` on `inputs` within `budget`, solved as `settings`
     (a SolveSettings; default: SolveSettings()) with `changes` to them as keyword arguments
     (`monet.solve(model, shape, "50%", time_limit=10)`) say.
@@ -60,6 +67,12 @@ def solve(model: nn.Module, inputs, budget: str | int | float, settings: SolveSe
     `autocast` ("bfloat16", "float16" or None) traces the step under torch.autocast at that dtype
     (mixed precision): the schedule records it, tensor sizes follow the casts, and MONeTWrapper runs
     the step that way.
+    `optimizer` ('sgd', 'adam', 'adamw', an optimizer class, or (class, {options})) makes the step
+    the whole of one: forward, backward, `optimizer.step()` and zeroing the gradients (set to None).
+    The budget and the predicted peak then cover the optimizer's state, held from the step before,
+    and the temporaries its step allocates (both measured here); with `micro_batches`, that many
+    backward passes accumulate gradients before each optimizer step (the later ones run with the
+    earlier gradients held).
 
     `budget` is bytes, a size string ('4GiB') or a percentage of the unconstrained peak ('50%').
     With `implementations` the solver also chooses how ops run (ReLU/dropout masks, dropout
@@ -80,7 +93,7 @@ def solve(model: nn.Module, inputs, budget: str | int | float, settings: SolveSe
     """
     settings = settings_of(settings, **changes)
     problem = trace_problem(model, inputs, input_dtype=input_dtype, input_requires_grad=input_requires_grad,
-                            autocast=autocast, cost_model=cost_model,
+                            autocast=autocast, optimizer=optimizer, micro_batches=micro_batches, cost_model=cost_model,
                             implementations=settings.implementations or bool(settings.options), progress=progress)
     return solve_traced(problem, budget, type(model).__name__, settings, progress=progress)
 
@@ -102,15 +115,15 @@ def solve_traced(problem: Problem, budget: str | int | float, model_name: str, s
 
 
 def profile(model: nn.Module, inputs, *, input_dtype: str | None = None, input_requires_grad: bool | None = None,
-            autocast: str | None = None, cost_model: str = "measured", implementations: bool = True,
-            progress: Progress | None = None) -> ProblemFile:
+            autocast: str | None = None, optimizer=None, micro_batches: int = 1, cost_model: str = "measured",
+            implementations: bool = True, progress: Progress | None = None) -> ProblemFile:
     """Trace and profile `model` called with `inputs` (as `solve` takes them) here (on the model's
     device), for solving later or elsewhere: `.save(path)` writes the problem file (`monet profile`),
     and `solve_problem_file` solves it with `solve`'s settings, without the model's code or torch.
     `implementations=False` profiles only what checkpointing needs (every op runs as in PyTorch)."""
     problem = trace_problem(model, inputs, input_dtype=input_dtype, input_requires_grad=input_requires_grad,
-                            autocast=autocast, cost_model=cost_model, implementations=implementations,
-                            progress=progress)
+                            autocast=autocast, optimizer=optimizer, micro_batches=micro_batches,
+                            cost_model=cost_model, implementations=implementations, progress=progress)
     return ProblemFile(problem, implementations)
 
 

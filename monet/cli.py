@@ -32,6 +32,7 @@ from monet.schedules import (
     load_problem,
     load_schedule,
 )
+from monet.schedules.optimizer import SHORT_NAMES, OptimizerSpec
 from monet.solver import FORMULATIONS, InfeasibleBudgetError, SolveSettings, format_bytes, keep_all, simulate
 
 from .budget import parse_budget
@@ -139,6 +140,11 @@ def _model_options(parser: argparse.ArgumentParser, problem: str | None = None) 
     parser.add_argument("--autocast", choices=AUTOCAST_DTYPES,
                         help="trace and train the step under torch.autocast at this dtype (mixed precision; "
                              "bfloat16 on CPU). Default: off")
+    parser.add_argument("--optimizer", choices=sorted(SHORT_NAMES),
+                        help="the step ends with this optimizer's update (PyTorch's defaults; SGD at lr 0.01): the "
+                             "budget and prediction cover its state and its step. Default: none counted")
+    parser.add_argument("--micro-batches", type=int,
+                        help="backward passes whose gradients accumulate before each optimizer step. Default: 1")
 
 
 def _as_flags(text: str) -> str:
@@ -303,7 +309,8 @@ def _solve(args) -> int:
             def solve_it(settings: SolveSettings, **call) -> ScheduleFile:
                 return solve_problem_file(made, args.budget, settings, **call)
         else:
-            problem = trace_problem(model, inputs, autocast=args.autocast, cost_model=args.cost_model,
+            problem = trace_problem(model, inputs, autocast=args.autocast, optimizer=args.optimizer,
+                                    micro_batches=args.micro_batches or 1, cost_model=args.cost_model,
                                     implementations=settings.implementations, progress=progress)
 
             def solve_it(settings: SolveSettings, **call) -> ScheduleFile:
@@ -378,7 +385,8 @@ def _pareto(args) -> int:
 
         model, inputs = _load(args)
         with _progress() as progress:
-            problem = trace_problem(model, inputs, autocast=args.autocast, cost_model=args.cost_model,
+            problem = trace_problem(model, inputs, autocast=args.autocast, optimizer=args.optimizer,
+                                    micro_batches=args.micro_batches or 1, cost_model=args.cost_model,
                                     implementations="monet" in strategies, progress=progress)
     full = simulate(problem, keep_all(problem))
     budgets = parse_budget_range(args.budgets, full.peak)
@@ -409,6 +417,7 @@ def _pareto(args) -> int:
 # options of `solve` and `pareto` that profiling takes: with --problem, the file has fixed them
 _PROFILE_OPTIONS = {"input_shape": "--input-shape", "inputs": "--inputs", "input_dtype": "--input-dtype",
                     "input_requires_grad": "--input-requires-grad", "device": "--device", "autocast": "--autocast",
+                    "optimizer": "--optimizer", "micro_batches": "--micro-batches",
                     "cost_model": "--cost-model"}
 
 
@@ -433,7 +442,8 @@ def _profile(args) -> int:
 
     model, inputs = _load(args)
     with _progress() as progress:
-        made = profile(model, inputs, autocast=args.autocast, cost_model=args.cost_model,
+        made = profile(model, inputs, autocast=args.autocast, optimizer=args.optimizer,
+                       micro_batches=args.micro_batches or 1, cost_model=args.cost_model,
                        implementations=not args.checkpointing_only, progress=progress)
     path = _save(made, args.output)
     _print_problem(made)
@@ -449,6 +459,8 @@ def _print_problem(made: ProblemFile) -> None:
     table = Table(show_header=False, title=f"{made.model} problem")
     table.add_row("input", _input_row(made.input))
     autocast = f", autocast {made.meta['autocast']}" if made.meta.get("autocast") else ""
+    if made.meta.get("optimizer"):
+        table.add_row("optimizer", OptimizerSpec.from_dict(made.meta["optimizer"]).describe())
     table.add_row("device / costs",
                   f"{made.device}{autocast} / {made.cost_model} (torch {made.meta.get('torch', '?')})")
     table.add_row("ops", f"{len(problem.forward_ops)} forward, {len(problem.backward_ops)} backward")
@@ -472,6 +484,8 @@ def _print_summary(schedule: ScheduleFile) -> None:
     table.add_row("input", _input_row(schedule.input))
     autocast = f", autocast {schedule.autocast}" if schedule.autocast else ""
     table.add_row("device / costs", f"{schedule.device}{autocast} / {schedule.cost_model}")
+    if schedule.optimizer:
+        table.add_row("optimizer", f"{schedule.optimizer.describe()}: its state and step are in the peak")
     table.add_row("budget", format_bytes(schedule.budget))
     table.add_row("predicted peak", f"{format_bytes(pred.peak)} ({pred.peak / pred.unconstrained_peak:.0%} "
                                     f"of {format_bytes(pred.unconstrained_peak)} unconstrained)")

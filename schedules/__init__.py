@@ -20,6 +20,7 @@ from .format import (
            write_json,
 )
 from .inputs import Inputs, InputSpec
+from .optimizer import OptimizerSpec
 from .problem_file import (
            PROBLEM_FILE_VERSION,
            PROBLEM_FORMAT,
@@ -30,6 +31,6 @@ from .problem_file import (
 )
 
 __all__ = ["AUTOCAST_DTYPES", "BUNDLED_DIR", "COST_MODELS", "FORMAT", "PROBLEM_FILE_VERSION", "PROBLEM_FORMAT",
-           "VERSION", "Decisions", "GraphRecord", "InputSpec", "Inputs", "Prediction", "ProblemFile",
+           "VERSION", "Decisions", "GraphRecord", "InputSpec", "Inputs", "OptimizerSpec", "Prediction", "ProblemFile",
            "ProblemFileError", "ScheduleFile", "ScheduleFileError", "SolverRecord", "bundled_names", "check_writable",
            "load_problem", "load_schedule", "problem_digest", "write_atomic", "write_json"]

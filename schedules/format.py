@@ -22,6 +22,7 @@ from monet.solver import Problem, Schedule, Solution, SolverRecord, keep_all, si
 from monet.solver.simulate import Replay
 
 from .inputs import INPUT_SCHEMA, Inputs
+from .optimizer import OPTIMIZER_SCHEMA, OptimizerSpec
 
 FORMAT = "monet.schedule"
 VERSION = 1
@@ -42,6 +43,7 @@ _SCHEMA = {
         "input": INPUT_SCHEMA,
         "device": {"enum": list(DEVICES)},
         "autocast": {"enum": list(AUTOCAST_DTYPES)},
+        "optimizer": OPTIMIZER_SCHEMA,
         "budget": {"type": "integer", "minimum": 0},
         "predicted": {
             "type": "object", "required": ["peak", "time", "unconstrained_peak", "unconstrained_time"],
@@ -218,6 +220,7 @@ class ScheduleFile:
     graph: GraphRecord
     schedule: Decisions
     autocast: str | None = None  # the dtype of the torch.autocast the step was traced and runs under
+    optimizer: OptimizerSpec | None = None  # the optimizer whose update the budget and prediction cover
     format: str = FORMAT
     version: int = VERSION
 
@@ -236,7 +239,8 @@ class ScheduleFile:
             solver=solver, cost_model=meta["cost_model"],
             graph=GraphRecord(meta["fingerprint"], tuple((op.name, op.target, op.phase) for op in problem.ops),
                               tuple(sorted({t.dtype for t in problem.tensors if t.role == "param" and t.dtype}))),
-            schedule=Decisions.of(problem, schedule), autocast=meta.get("autocast"))
+            schedule=Decisions.of(problem, schedule), autocast=meta.get("autocast"),
+            optimizer=OptimizerSpec.from_dict(meta["optimizer"]) if meta.get("optimizer") else None)
 
     @classmethod
     def from_solution(cls, problem: Problem, solution: Solution, model: str, *, unconstrained: Replay | None = None,
@@ -250,7 +254,8 @@ class ScheduleFile:
         return {"model": self.model, "input": self.input.to_json(), "device": self.device, "budget": self.budget,
                 "predicted": asdict(self.predicted), "solver": self.solver.to_dict(), "cost_model": self.cost_model,
                 "graph": self.graph.to_dict(), "schedule": self.schedule.to_dict(), "format": self.format,
-                "version": self.version, **({"autocast": self.autocast} if self.autocast else {})}
+                "version": self.version, **({"autocast": self.autocast} if self.autocast else {}),
+                **({"optimizer": self.optimizer.to_dict()} if self.optimizer else {})}
 
     def save(self, path: str | os.PathLike) -> Path:
         return write_json(path, self.to_dict())
@@ -270,7 +275,8 @@ class ScheduleFile:
                        budget=data["budget"], predicted=Prediction(**data["predicted"]),
                        solver=SolverRecord.from_dict(data["solver"]), cost_model=data["cost_model"],
                        graph=GraphRecord.from_dict(data["graph"]), schedule=Decisions.from_dict(data["schedule"]),
-                       autocast=data.get("autocast"))
+                       autocast=data.get("autocast"),
+                       optimizer=OptimizerSpec.from_dict(data["optimizer"]) if "optimizer" in data else None)
         except jsonschema.ValidationError as exc:
             where = "/".join(map(str, exc.absolute_path)) or "top level"
             raise ScheduleFileError(f"{source} is corrupt at {where}: {exc.message}") from None

@@ -14,7 +14,7 @@ Layout (version 1):
               "torch", "fingerprint", "autocast"?, ...},  # how and where it was profiled; the graph's hash
      "implementations": bool,                     # were other ways to run ops profiled
      "digest": "sha256:...",                      # of the problem (meta included), canonical JSON
-     "problem": {"version", "tensors", "ops", "choices"}}   # solver.Problem.to_dict() less meta
+     "problem": {"version", "tensors", "ops", "choices", "update"?}}   # solver.Problem.to_dict() less meta
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from monet.solver.problem import PHASES, PROBLEM_VERSION, ROLES, ProblemError
 from .format import AUTOCAST_DTYPES, COST_MODELS, DEVICES, ScheduleFileError, write_atomic
 from .format import FORMAT as SCHEDULE_FORMAT
 from .inputs import INPUT_SCHEMA, Inputs
+from .optimizer import OPTIMIZER_SCHEMA
 
 PROBLEM_FORMAT = "monet.problem"
 PROBLEM_FILE_VERSION = 1
@@ -63,6 +64,7 @@ _SCHEMA = {
                 "input": INPUT_SCHEMA,
                 "device": {"enum": list(DEVICES)},
                 "autocast": {"enum": list(AUTOCAST_DTYPES)},
+                "optimizer": OPTIMIZER_SCHEMA,
                 "cost_model": {"enum": list(COST_MODELS)},
                 "torch": {"type": "string"},
                 "fingerprint": {"type": "string", "minLength": 1},
@@ -94,6 +96,8 @@ _SCHEMA = {
                         "rerun_time": {"type": ["number", "null"], "minimum": 0}, "keeps": _IDS,
                     },
                 }},
+                "update": {"type": "object", "required": ["state", "workspace"], "additionalProperties": False,
+                           "properties": {"state": _INT, "workspace": _INT}},
                 "choices": {"type": "array", "items": {
                     "type": "object", "required": ["name", "options"], "additionalProperties": False,
                     "properties": {

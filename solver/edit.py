@@ -96,4 +96,4 @@ def add_choices(problem: Problem, specs: list[ChoiceSpec]) -> Problem:
     missing = [new.after for spec in specs for new in spec.new_ops if new.after not in op_id]
     if missing:
         raise ProblemError(f"new ops placed after unknown ops {missing}")
-    return Problem(tensors, ops, problem.meta, choices)
+    return replace(problem, tensors=tuple(tensors), ops=tuple(ops), choices=tuple(choices))

@@ -31,6 +31,8 @@ class Formulation:
         # rows' 1 / unit (1e-7) span more than HiGHS can handle, and it then calls feasible
         # models infeasible and stops at schedules far from the optimum as if they were optimal.
         self.unit = self.memory.unit
+        if problem.update_peak is not None:  # the optimizer's step: the same under every schedule
+            self.add_memory([], problem.update_peak)
 
     def units(self, nbytes: float) -> float:
         """Bytes as memory units (the coefficients of every running sum of bytes)."""

@@ -167,13 +167,30 @@ class ProblemError(MonetError, ValueError):
 
 
 @dataclass(frozen=True)
+class Update:
+    """The optimizer's part of a training step, outside the traced graph. `state`: bytes held for
+    the whole step (the optimizer's state from the step before; gradients accumulated from earlier
+    micro-batches). `workspace`: bytes `optimizer.step()` allocates over everything held when the
+    backward ends (parameters, buffers, the batch, outputs, gradients, the state)."""
+
+    state: int = 0
+    workspace: int = 0
+
+    def __post_init__(self):
+        if min(self.state, self.workspace) < 0:
+            raise ProblemError(f"optimizer bytes must be non-negative, got {self}")
+
+
+@dataclass(frozen=True)
 class Problem:
-    """Tensors and ops of one training step; forward ops precede backward ops."""
+    """Tensors and ops of one training step; forward ops precede backward ops. With `update`, the
+    step ends with the optimizer's: its state is held throughout, and its own peak counts."""
 
     tensors: tuple[Tensor, ...]
     ops: tuple[Op, ...]
     meta: dict = field(default_factory=dict, compare=False)
     choices: tuple[Choice, ...] = ()
+    update: Update | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "tensors", tuple(self.tensors))
@@ -192,8 +209,18 @@ class Problem:
 
     @cached_property
     def persistent_bytes(self) -> int:
-        """Bytes held for the whole step: parameters, buffers and the input batch."""
-        return sum(t.bytes for t in self.tensors if t.role in PERSISTENT_ROLES)
+        """Bytes held for the whole step: parameters, buffers, the input batch and the optimizer's state."""
+        state = self.update.state if self.update else 0
+        return sum(t.bytes for t in self.tensors if t.role in PERSISTENT_ROLES) + state
+
+    @cached_property
+    def update_peak(self) -> int | None:
+        """The peak of the optimizer's step (None without one), the same under every schedule: what the
+        step holds when the backward ends (persistent bytes, outputs, gradients) and the step's workspace."""
+        if self.update is None:
+            return None
+        held = sum(t.bytes for t in self.tensors if t.role in ("output", "grad"))
+        return self.persistent_bytes + held + self.update.workspace
 
     @cached_property
     def readers(self) -> tuple[tuple[int, ...], ...]:
@@ -294,7 +321,7 @@ class Problem:
                          for j, impl in enumerate(op.impls)]
                 op = replace(op, pytorch=impls[0], others=tuple(impls[1:]))
             ops.append(op)
-        return Problem(self.tensors, ops, self.meta, self.choices)
+        return replace(self, ops=tuple(ops))
 
     def without(self, excluded: dict[str, Collection[str]]) -> Problem:
         """The same problem (ids, names) in which the choices named in `excluded` no longer offer
@@ -317,7 +344,7 @@ class Problem:
             choices.append(c)
         ops = [replace(op, others=tuple(op.impls[i] for i in kept[op.choice][1:])) if op.choice in kept else op
                for op in self.ops]
-        return Problem(self.tensors, ops, self.meta, choices)
+        return replace(self, ops=tuple(ops), choices=tuple(choices))
 
     def resolve(self, options: dict[str, str]) -> Problem:
         """The plain problem (no choices) in which every op runs as `options` says; ops that do
@@ -333,7 +360,7 @@ class Problem:
                   replace(runs[op.id], inputs=tuple(tid[t] for t in runs[op.id].inputs),
                           keeps=tuple(tid[t] for t in runs[op.id].keeps)))
                for op in kept_ops]
-        return Problem(tensors, ops, self.meta)
+        return replace(self, tensors=tuple(tensors), ops=tuple(ops), choices=())
 
     # ---- JSON ------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -343,6 +370,7 @@ class Problem:
             "tensors": [asdict(t) for t in self.tensors],
             "ops": [op.to_dict() for op in self.ops],
             "choices": [asdict(c) for c in self.choices],
+            **({"update": asdict(self.update)} if self.update else {}),
         }
 
     @classmethod
@@ -358,9 +386,10 @@ class Problem:
             choices = [Choice(c["name"], tuple(c["options"]), tuple(c.get("approximate", ())),
                               tuple(c.get("errors", ())))
                        for c in data.get("choices", ())]
+            update = Update(**data["update"]) if data.get("update") is not None else None
         except (KeyError, TypeError) as exc:
             raise ProblemError(f"malformed problem: {exc}") from exc
-        return cls(tensors, ops, data.get("meta", {}), choices)
+        return cls(tensors, ops, data.get("meta", {}), choices, update)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())

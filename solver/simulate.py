@@ -111,6 +111,11 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
         for key in done:
             if tensors[key[0]].role not in _HELD_ROLES:
                 live.discard(key)
+    if problem.update is not None:  # the optimizer's step, on what the backward leaves
+        now = base + live.bytes + problem.update.workspace
+        if now > peak:
+            peak, peak_live = now, live.tensors()
+        timeline.append(("optimizer step", now))
     return Replay(tuple(timeline), forward_time, backward_time, recompute_time, peak_live)
 
 
