@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -19,7 +26,7 @@ from monet.graph import (
     not_compiled,
     structure,
 )
-from monet.schedules import ScheduleFile, load_schedule
+from monet.schedules import ScheduleFile, check_writable, load_schedule
 from monet.solver import validate
 
 from .runtime import ExecutionPlan, ScheduleMismatchError, make_partition
@@ -33,7 +40,10 @@ class MONeTWrapper(nn.Module):
     it (an input shape, an example tensor, a tuple of positional or a dict of keyword inputs; None:
     the schedule's own). The model is traced once here and checked against the schedule; every
     training step, `wrapper(*args, **kwargs)` with inputs like those, then runs the compiled
-    schedule and returns the model's output.
+    schedule and returns the model's output. A call with other inputs is a ScheduleMismatchError;
+    with `new_shapes` (a folder), a call whose tensors alone have other shapes (another batch size or
+    sequence length) runs a schedule for those shapes: the folder's, or one solved then as this one
+    was (the same share of the unconstrained peak) with a progress display, and kept there.
     In eval mode or under torch.no_grad the plain model runs. `graphs` holds the forward and
     backward fx modules that run (to see what is saved, recomputed and how each op runs).
     With `compile`, Inductor compiles that forward and backward (fused kernels, as torch.compile
@@ -42,31 +52,34 @@ class MONeTWrapper(nn.Module):
     """
 
     def __init__(self, model: nn.Module, solution_file: str | os.PathLike | ScheduleFile, inputs=None, *,
-                 compile: bool = False):
+                 compile: bool = False, new_shapes: str | os.PathLike | None = None):
         super().__init__()
         self.model = model
+        self._compile = compile
+        self._new_shapes = None if new_shapes is None else Path(new_shapes)
         # `solution_file` is MONeT's name for the argument; inside, it is the schedule file it names
         schedule_file = solution_file if isinstance(solution_file, ScheduleFile) else load_schedule(solution_file)
-        example = _example(schedule_file, inputs, model)
+        first = self._build(schedule_file, _example(schedule_file, inputs, model))
+        self._steps = [first]
+        self.spec, self.schedule_file, self.graphs = first.spec, schedule_file, first.graphs
+
+    def _build(self, schedule_file: ScheduleFile, example: Example) -> _Step:
+        """The schedule's step traced at `example` and compiled, after checking that they agree."""
         spec = example.spec()
-        _check_input(schedule_file, spec, model)
-        with _traced(model, example, schedule_file) as step:
+        _check_input(schedule_file, spec, self.model)
+        graphs: dict[str, torch.fx.GraphModule] = {}
+        with _traced(self.model, example, schedule_file) as step:
             analysis = analyze(step.graph_module)
-            _check_graph(schedule_file, analysis, model, spec)
+            _check_graph(schedule_file, analysis, self.model, spec)
             problem = structure(analysis, step.graph_module)
             schedule = schedule_file.schedule.on(problem)
             validate(problem, schedule)
-            if compile:
+            if self._compile:
                 _check_compilable(schedule_file, step.graph_module, analysis)
-            self._step = step.compile(make_partition(ExecutionPlan.build(analysis, problem, schedule),
-                                                     self._keep_graphs), inductor=compile)
-            self._param_names = step.param_names
-            self._buffer_names = step.buffer_names
-        self.spec = spec
-        self.schedule_file = schedule_file
-
-    def _keep_graphs(self, forward: torch.fx.GraphModule, backward: torch.fx.GraphModule) -> None:
-        self.graphs = {"forward": forward, "backward": backward}
+            plan = ExecutionPlan.build(analysis, problem, schedule)
+            run = step.compile(make_partition(plan, lambda fw, bw: graphs.update(forward=fw, backward=bw)),
+                               inductor=self._compile)
+            return _Step(schedule_file, spec, run, step.param_names, step.buffer_names, graphs)
 
     def forward(self, *args, **kwargs):
         if not (self.training and torch.is_grad_enabled()):
@@ -81,13 +94,87 @@ class MONeTWrapper(nn.Module):
                     f"the wrapper was called under torch.autocast({device!r}, dtype=torch.{called}), but the schedule "
                     f"was solved {solved}, which the wrapper applies itself; call it outside autocast, or solve with "
                     f"monet.solve(..., autocast={called!r}) (CLI: --autocast {called})")
-        mismatch = _difference(self.spec, Example(args, kwargs).spec())
-        if mismatch:
-            raise ScheduleMismatchError(f"{mismatch}; solve a schedule for these inputs")
-        params = [self.model.get_parameter(n) for n in self._param_names]
-        buffers = [self.model.get_buffer(n) for n in self._buffer_names]
+        called = Example(args, kwargs)
+        step = next((s for s in self._steps if _difference(s.spec, called.spec()) is None), None)
+        if step is None:
+            step = self._for_new_shapes(called)
+        params = [self.model.get_parameter(n) for n in step.param_names]
+        buffers = [self.model.get_buffer(n) for n in step.buffer_names]
         with torch.autocast(device, enabled=False):  # the graph holds the schedule's casts
-            return self._step(*params, *buffers, *args, **kwargs)
+            return step.run(*params, *buffers, *args, **kwargs)
+
+    def _for_new_shapes(self, called: Example) -> _Step:
+        """The step for inputs whose shapes alone differ from the schedule's, where `new_shapes` allows it:
+        that folder's schedule file for them, or one solved now (and kept there)."""
+        spec = called.spec()  # the difference from the nearest step: one other than shapes where there is one
+        mismatch = min((_difference(step.spec, spec) for step in self._steps), key=lambda text: "has shape" in text)
+        if self._new_shapes is None or not _only_shapes_differ(self.spec, spec):
+            hint = (" (or let the wrapper solve for new shapes: MONeTWrapper(..., new_shapes=folder))"
+                    if _only_shapes_differ(self.spec, spec) else "")
+            raise ScheduleMismatchError(f"{mismatch}; solve a schedule for these inputs{hint}")
+        step = self._build(_schedule_for_shapes(self.model, self.schedule_file, called, self._new_shapes), called)
+        self._steps.append(step)
+        return step
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One schedule compiled for one set of input shapes, and what it is called with."""
+
+    schedule_file: ScheduleFile
+    spec: Inputs
+    run: Callable
+    param_names: list[str]
+    buffer_names: list[str]
+    graphs: dict[str, torch.fx.GraphModule]
+
+
+def _only_shapes_differ(expected: Inputs, called: Inputs) -> bool:
+    """Whether `called` is `expected` with other tensor shapes (structure, dtypes and constants the same)."""
+    def unshaped(inputs: Inputs) -> list:
+        return [(path, dataclasses.replace(leaf, shape=()) if isinstance(leaf, InputSpec) else leaf)
+                for path, leaf in inputs.leaves()]
+    return unshaped(expected) == unshaped(called)
+
+
+def _schedule_for_shapes(model: nn.Module, original: ScheduleFile, example: Example, folder: Path) -> ScheduleFile:
+    """The schedule for `model` at `example`'s shapes, solved as `original` was (the same share of the
+    unconstrained peak, autocast, optimizer, choices and cost model): read from `folder`, where a file
+    for this model and these inputs is kept, else solved now with a progress display and kept there."""
+    from rich.console import Console
+
+    from .api import solve
+    from .progress import progress_display
+
+    spec = example.spec()
+    share = original.budget / original.predicted.unconstrained_peak
+    key = json.dumps({"model": _model_key(model), "input": spec.to_json(), "share": share,
+                      "autocast": original.autocast, "optimizer": original.optimizer and original.optimizer.to_dict(),
+                      "cost_model": original.cost_model, "device": original.device,
+                      "implementations": original.solver.implementations,
+                      "approximate": original.solver.approximate_allowed}, sort_keys=True)
+    path = folder / f"{type(model).__name__}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    if path.exists():
+        return load_schedule(path)
+    check_writable(path)
+    optimizer = original.optimizer
+    with progress_display(Console(stderr=True)) as progress:
+        made = solve(model, example, f"{share * 100:.9f}%", implementations=bool(original.solver.implementations),
+                     allow_approximate=bool(original.solver.approximate_allowed), autocast=original.autocast,
+                     optimizer=optimizer and (optimizer.load(), optimizer.options),
+                     micro_batches=optimizer.micro_batches if optimizer else 1, cost_model=original.cost_model,
+                     progress=lambda stage, *state: progress(f"new input shapes {spec.describe()}: {stage}", *state))
+    made.save(path)
+    warnings.warn(f"solved a schedule for new input shapes {spec.describe()} at {share:.0%} of their unconstrained "
+                  f"peak in {made.solver.solve_time_s or 0:.0f} s; kept in {path}", stacklevel=4)
+    return made
+
+
+def _model_key(model: nn.Module) -> list:
+    """What identifies a model's architecture for the new-shape cache: its class, and its parameters'
+    and buffers' names, shapes and dtypes."""
+    return [type(model).__qualname__, *([name, list(t.shape), str(t.dtype)]
+                                        for name, t in [*model.named_parameters(), *model.named_buffers()])]
 
 
 def _example(schedule_file: ScheduleFile, inputs, model: nn.Module) -> Example:

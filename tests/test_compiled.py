@@ -31,7 +31,7 @@ def test_compiled_cnn_trains_like_eager_and_keeps_the_saving():
     assert schedule.schedule.options, "the schedule should run some ops otherwise"
     wrapped = MONeTWrapper(model, schedule, shape, compile=True)
     errors = gradient_errors(wrapped, model, reference, small_batch("cnn"))
-    errors_within_rounding(errors, inductor_rounding("cnn", wrapped.spec))
+    errors_within_rounding(errors, inductor_rounding("cnn", wrapped.spec.single))
 
     x = small_batch("cnn")
     keep_all = monet.solve(copy.deepcopy(reference), shape, "100%", cost_model="analytic", time_limit=30)
@@ -55,4 +55,4 @@ def test_dropout_replay_is_refused_and_bits_compile_with_eagers_masks():
     reference = copy.deepcopy(model)
     wrapped = MONeTWrapper(model, bits, shape, compile=True)
     errors = gradient_errors(wrapped, model, reference, small_batch("transformer"))
-    errors_within_rounding(errors, inductor_rounding("transformer", wrapped.spec))
+    errors_within_rounding(errors, inductor_rounding("transformer", wrapped.spec.single))

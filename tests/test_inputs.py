@@ -150,3 +150,32 @@ def test_cli_takes_example_inputs_from_a_factory(tmp_path, capsys, monkeypatch):
         assert schedule.input.kwargs["scale"] == 2.0 and schedule.predicted.peak <= schedule.budget
     code = main(["solve", "factories:keyword_net", "--input-shape", "4,8", "--budget", "60%", "-o", str(path)])
     assert code != 0 and "got --input-shape, factories:keyword_net's factory" in capsys.readouterr().err
+
+
+def test_new_sequence_lengths_are_solved_once_and_kept_where_asked(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model, inputs = KeywordNet(depth=4), keyword_inputs(batch=16, length=32)
+    reference = copy.deepcopy(model)
+    schedule = monet.solve(model, inputs, "60%", cost_model="analytic", time_limit=20)
+    with pytest.raises(ScheduleMismatchError, match="new_shapes=folder"):
+        MONeTWrapper(model, schedule, inputs)(**keyword_inputs(batch=16, length=24))
+    wrapped = MONeTWrapper(model, schedule, inputs, new_shapes=tmp_path)
+    shorter = keyword_inputs(batch=16, length=24)
+    with pytest.warns(UserWarning, match=r"solved a schedule for new input shapes .*\(16, 24\) int64.* "
+                                         r"at 60% of their unconstrained peak"):
+        out = wrapped(**shorter)
+    (kept,) = tmp_path.glob("KeywordNet-*.json")
+    made = load_schedule(kept)
+    assert made.input.kwargs["input_ids"].shape == (16, 24)
+    assert made.budget == pytest.approx(0.6 * made.predicted.unconstrained_peak, abs=1)
+    out["loss"].backward()
+    expected = reference(**shorter)
+    expected["loss"].backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert rel_err(p.grad, q.grad) < 1e-5
+    wrapped(**inputs)["loss"].backward()  # the schedule's own shapes still run its own step
+    # another wrapper (another process, later) reads the kept file: no tracing for a solve
+    monkeypatch.setattr(monet.api, "solve", lambda *a, **k: pytest.fail("solved again"))
+    MONeTWrapper(model, schedule, inputs, new_shapes=tmp_path)(**shorter)["loss"].backward()
+    with pytest.raises(ScheduleMismatchError, match="labels is int32"):  # not a shape: refused as before
+        wrapped(**{**shorter, "labels": shorter["labels"].int()})

@@ -22,6 +22,7 @@ from monet.memory import PeakMemory, resident_bytes
 from monet.models import MLP
 from monet.schedules import (
     PROBLEM_FILE_VERSION,
+    Inputs,
     InputSpec,
     ProblemFile,
     ProblemFileError,
@@ -59,7 +60,7 @@ def cli(capsys, *argv):
 
 def test_problem_round_trips_through_its_file(tmp_path):
     made = profiled()
-    assert made.model == "MLP" and made.input == InputSpec(SHAPE, "float32", True)
+    assert made.model == "MLP" and made.input == Inputs.tensor(InputSpec(SHAPE, "float32", True))
     assert made.device == "cpu" and made.cost_model == "analytic" and made.implementations
     assert made.problem.choices, "the MLP's ReLUs and dropout have other ways to run"
     path = made.save(tmp_path / "deep" / "mlp.problem.json")
@@ -179,7 +180,8 @@ def test_a_problem_of_another_model_gives_a_schedule_the_wrapper_refuses(tmp_pat
     schedule = monet.solve_problem_file(profiled().save(tmp_path / "mlp.problem.json"), "100%", time_limit=20)
     with pytest.raises(monet.ScheduleMismatchError, match=r"different graph: MLP with \d+ ops.*first difference"):
         monet.MONeTWrapper(small_net(depth=8), schedule, SHAPE)
-    with pytest.raises(monet.ScheduleMismatchError, match=r"input shape \(512, 32\), not \(256, 32\)"):
+    with pytest.raises(monet.ScheduleMismatchError, match=r"input x has shape \(256, 32\), but the "
+                                                              r"schedule was made for shape \(512, 32\)"):
         monet.MONeTWrapper(small_net(), schedule, (256, 32))
 
 
@@ -241,7 +243,7 @@ def test_truncated_missing_and_non_json_problem_files(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["solve", "--budget", "50%", "-o", "s.json"], "takes a MODEL to trace here or --problem FILE"),
     (["solve", "mlp", "--problem", "p.json", "--budget", "50%", "-o", "s.json"], "not both"),
-    (["solve", "mlp", "--budget", "50%", "-o", "s.json"], "needs --input-shape"),
+    (["solve", "mlp", "--budget", "50%", "-o", "s.json"], "takes its inputs from one of --input-shape"),
     (["solve", "--problem", "p.json", "--input-shape", "8,32", "--budget", "50%", "-o", "s.json"],
      "--input-shape cannot go with --problem"),
     (["solve", "--problem", "p.json", "--cost-model", "analytic", "--budget", "50%", "-o", "s.json"],

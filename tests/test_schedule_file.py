@@ -8,6 +8,7 @@ import pytest
 from monet.schedules import (
     Decisions,
     GraphRecord,
+    Inputs,
     InputSpec,
     Prediction,
     ScheduleFile,
@@ -19,7 +20,8 @@ from monet.schedules import (
 
 def sample() -> ScheduleFile:
     return ScheduleFile(
-        model="Net", input=InputSpec((2, 3)), device="cpu", budget=1000, predicted=Prediction(900, 0.5, 1500, 0.4),
+        model="Net", input=Inputs.tensor(InputSpec((2, 3))), device="cpu", budget=1000,
+        predicted=Prediction(900, 0.5, 1500, 0.4),
         solver=SolverRecord("compact", "optimal", gap=0.0), cost_model="analytic",
         graph=GraphRecord("abc", (("f", "aten.f", "forward"), ("b", "aten.b", "backward"))),
         schedule=Decisions({"f": 100}, ("b",)),
@@ -49,7 +51,7 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d.update(version=7), "format version 7"),
     (lambda d: d.pop("format"), "not a monet schedule"),
-    (lambda d: d["input"].update(shape=[0, 3]), "corrupt at input/shape/0"),
+    (lambda d: d["input"].update(shape=[0, 3]), "is corrupt: input shape must be positive integers"),
     (lambda d: d.update(device="tpu"), "corrupt at device"),
     (lambda d: d["schedule"].pop("backward"), "corrupt at schedule"),
     (lambda d: d["solver"].update(mip_gap=0.0), "corrupt at solver"),
