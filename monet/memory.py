@@ -38,7 +38,9 @@ def resident_bytes(*objects: nn.Module | torch.Tensor) -> int:
 
 class PeakMemory:
     """`with PeakMemory(device, resident) as m: ...` then `m.peak` is the peak in bytes
-    (graph.peak.DevicePeak's reading: on CUDA the allocator's peak, on CPU `resident` plus its rise)."""
+    (graph.peak.DevicePeak's reading: on CUDA the allocator's peak, on CPU `resident` plus its rise).
+    On CPU, free nothing inside the block that was allocated before it outside any meter (zero the
+    gradients before it): PyTorch's profiler does not report such frees, so the rise would not drop."""
 
     def __init__(self, device: torch.device | str, resident: int = 0):
         self.device = torch.device(device)

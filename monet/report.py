@@ -72,3 +72,22 @@ def line_plot(lines: dict[str, list[tuple[float, float]]], *, title: str, xlabel
     fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)
     return buffer.getvalue()
+
+
+def bar_plot(panels: dict[str, dict[str, float]], *, title: str, figsize: tuple[float, float]) -> bytes:
+    """A PNG of side-by-side bar charts: one per panel (its title names the quantity), one bar per label."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize, dpi=120, squeeze=False)
+    for ax, (name, bars) in zip(axes[0], panels.items(), strict=True):
+        ax.barh(list(bars), list(bars.values()), color="tab:blue")
+        ax.invert_yaxis()
+        ax.set_title(name)
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(title)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
