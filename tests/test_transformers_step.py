@@ -1,0 +1,90 @@
+"""Whole training steps of transformers models built from small configs: keyword inputs with labels (the
+loss inside), Adam, float32. A whole step (forward, backward, Adam's step) at 50 %: gradients as
+eager's, the measured peak the predicted one within 1 %, at most half of eager's measured peak.
+Not met yet, so not here (README, "Limits"): Llama (its traced step holds an explicit causal mask
+that eager's SDPA does not, so 50 % of the traced step measured 54 % of eager's), and bfloat16
+autocast (DistilBERT and BERT: 50 % below the least peak, 57-58 %; Llama: no schedule found in 15 s
+though 43 % works; GPT-2: within 1 % and half, but a gradient 2e-2 off eager's, its dropout)."""
+
+import copy
+
+import pytest
+import torch
+from conftest import rel_err
+
+import monet
+from monet import MONeTWrapper, PeakMemory, resident_bytes
+
+transformers = pytest.importorskip("transformers")
+BATCH, LENGTH, VOCAB = 8, 128, 256
+SMALL = {"hidden": 64, "layers": 6, "heads": 2, "ffn": 256}  # deep enough for checkpointing to reach 50 %
+
+
+def distilbert_qa():
+    config = transformers.DistilBertConfig(vocab_size=VOCAB, dim=SMALL["hidden"], n_layers=SMALL["layers"],
+                                           n_heads=SMALL["heads"], hidden_dim=SMALL["ffn"])
+    gen = torch.Generator().manual_seed(1)
+    starts = torch.randint(0, LENGTH // 2, (BATCH,), generator=gen)
+    return transformers.DistilBertForQuestionAnswering(config), {
+        "input_ids": torch.randint(0, VOCAB, (BATCH, LENGTH), generator=gen),
+        "attention_mask": torch.ones(BATCH, LENGTH, dtype=torch.int64),
+        "start_positions": starts, "end_positions": starts + LENGTH // 4}
+
+
+def bert_classifier():
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=SMALL["hidden"],
+                                     num_hidden_layers=SMALL["layers"], num_attention_heads=SMALL["heads"],
+                                     intermediate_size=SMALL["ffn"], num_labels=3)
+    gen = torch.Generator().manual_seed(1)
+    mask = torch.ones(BATCH, LENGTH, dtype=torch.int64)
+    mask[::2, LENGTH // 2:] = 0  # padded sequences: the mask matters
+    return transformers.BertForSequenceClassification(config), {
+        "input_ids": torch.randint(0, VOCAB, (BATCH, LENGTH), generator=gen), "attention_mask": mask,
+        "labels": torch.randint(0, 3, (BATCH,), generator=gen)}
+
+
+def gpt2_lm():
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=SMALL["hidden"], n_layer=SMALL["layers"],
+                                     n_head=SMALL["heads"], n_positions=LENGTH, use_cache=False,
+                                     bos_token_id=0, eos_token_id=0)
+    ids = torch.randint(0, VOCAB, (BATCH, LENGTH), generator=torch.Generator().manual_seed(1))
+    return transformers.GPT2LMHeadModel(config), {"input_ids": ids, "labels": ids}
+
+
+MODELS = {"distilbert-qa": distilbert_qa, "bert-classifier": bert_classifier, "gpt2": gpt2_lm}
+
+
+def train(module, model, inputs, steps=2):
+    """Whole steps (Adam) from one seed: the last step's measured peak and the gradients it left."""
+    optimizer = torch.optim.Adam(model.parameters())
+    peak = None
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)  # before the meter, which sees no frees of earlier blocks
+        state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        torch.manual_seed(2)  # the same dropout masks in both runs
+        with PeakMemory("cpu", resident_bytes(model, *inputs.values(), *state)) as meter:
+            out = module(**inputs)
+            out.loss.backward()
+            grads = [p.grad.clone() for p in model.parameters()]
+            optimizer.step()
+        del out
+        peak = meter.peak
+    return peak, grads
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_whole_adam_step_at_half_the_memory(name):
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    reference = copy.deepcopy(model)
+    schedule = monet.solve(copy.deepcopy(model), inputs, "50%", optimizer="adam",
+                           cost_model="analytic", time_limit=15)
+    peak, grads = train(MONeTWrapper(model, schedule, inputs), model, inputs)
+    eager_peak, expected = train(reference, reference, inputs)
+    predicted = schedule.predicted.peak
+    assert abs(peak - predicted) <= 0.01 * peak, (peak, predicted)
+    assert peak <= 0.5 * eager_peak, (peak, eager_peak)
+    bound = 1e-5  # relative error per parameter
+    errors = {n: rel_err(g, e) for (n, _), g, e in zip(model.named_parameters(), grads, expected, strict=True)}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= bound, (worst, errors[worst])
