@@ -30,21 +30,21 @@ def _peak(module, model, x):
     return meter.peak
 
 
-@pytest.mark.xfail(strict=True, reason="since 538a166 (the optimizer's Update) this solve picks another schedule "
-                   "(predicted 12.08 MB, was 12.19) whose compiled peak is 0.6005 of torch.compile's and 17.5 % over "
-                   "the prediction (was 0.558 and +8 %); cause not found yet")
 def test_backend_trains_like_torch_compile_in_half_the_memory():
     """The CNN compiled with a 50 % monet backend: gradients within Inductor's own rounding of eager's,
     the measured peak at most 0.6 of torch.compile's own, and near the prediction, which counts ATen
-    ops, not Inductor's buffers: 5.5 to 8.2 % under the measurement here (README, "Compiled by
-    Inductor"), so the bound is that with a margin, not the 3 % the uncompiled runtime meets."""
+    ops, not Inductor's buffers: 5.5 to 8.4 % under the measurement here (README, "Compiled by
+    Inductor"), so the bound is that with a margin, not the 3 % the uncompiled runtime meets. The
+    solve runs to its gap (about 70 s here): cut short by its time limit it returns another schedule
+    depending on the machine's load, and the heuristic one it falls back on measured 17.5 % over."""
     model, shape = small_model("cnn")
     reference, plain = copy.deepcopy(model), copy.deepcopy(model)
     spec, x = InputSpec(shape), small_batch("cnn")
-    backend = monet.backend("50%", **FAST)
+    backend = monet.backend("50%", **{**FAST, "time_limit": 240})
     compiled = compiled_module(model, spec, backend=backend)
     errors_within_rounding(gradient_errors(compiled, model, reference, x), inductor_rounding("cnn", spec))
     (region,) = backend.regions
+    assert region.solver.status == "optimal", region.solver
     half, full = _peak(compiled, model, x), _peak(torch.compile(plain), plain, x)
     assert half <= 0.6 * full, (half, full)
     assert abs(half / region.predicted.peak - 1) <= 0.1, (half, region.predicted.peak)
