@@ -60,12 +60,24 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def _horizon(text: str) -> int | None | str:
+def _horizon(text: str) -> int | None | str | tuple:
+    """A horizon, or comma-separated horizons (a ladder, see SolveSettings)."""
+    if "," in text:
+        return tuple(_horizon(part) for part in text.split(","))
     if text in ("auto", "none"):
         return None if text == "none" else text
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"horizon {text!r} is not a number of stages, 'none' or 'auto'")
     return int(text)
+
+
+def _formulation(text: str) -> str | tuple:
+    """A formulation, or comma-separated formulations (a ladder, see SolveSettings)."""
+    names = tuple(text.split(","))
+    unknown = [name for name in names if name not in FORMULATIONS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"formulation {unknown[0]!r} is not one of {', '.join(FORMULATIONS)}")
+    return names if len(names) > 1 else names[0]
 
 
 DEFAULT = SolveSettings()  # every solver setting's default, written once (monet.solver.options)
@@ -84,17 +96,23 @@ def _settings_options(parser: argparse.ArgumentParser, *, time_limit_help: str =
     `per_strategy` (pareto): whether to choose implementations is each strategy's, so no flag for it."""
     parser.add_argument("--time-limit", type=float, default=DEFAULT.time_limit, metavar="SECONDS",
                         help=f"{time_limit_help}. Default: {DEFAULT.time_limit:g}")
-    parser.add_argument("--formulation", choices=FORMULATIONS, default=DEFAULT.formulation,
+    parser.add_argument("--formulation", type=_formulation, default=DEFAULT.formulation,
                         help="compact: each tensor recomputed at most once (scales); general: any number "
-                             "of times (lower budgets, small graphs, no implementation choices); auto: general "
-                             "for small graphs with nothing else to choose, else compact. "
-                             f"Default: {DEFAULT.formulation}")
+                             "of times (lower budgets and faster schedules; grows as tensors x stages); auto: "
+                             "general for small graphs with nothing else to choose, else compact; "
+                             "comma-separated: each in turn from the best schedule so far (compact,general "
+                             f"with --horizon auto,none). Default: {DEFAULT.formulation}")
     parser.add_argument("--gap", type=float, default=DEFAULT.gap * 100, metavar="PERCENT",
                         help="stop once the predicted step time is proven within this %% of the best possible "
                              f"in the formulation. Default: {DEFAULT.gap * 100:g}")
     parser.add_argument("--horizon", type=_horizon, default=DEFAULT.horizon,
                         help="how many backward stages ahead of its use an op may rerun: a number, 'none' "
-                             f"(unbounded) or 'auto' (as long as the graph's size allows). Default: {DEFAULT.horizon}")
+                             "(unbounded) or 'auto' (as long as the graph's size allows); comma-separated: each in "
+                             f"turn. Default: {DEFAULT.horizon}")
+    parser.add_argument("--heuristic-effort", type=float, default=DEFAULT.heuristic_effort, metavar="SHARE",
+                        help="share (0 to 1) of HiGHS's search spent looking for schedules rather than proving "
+                             "bounds: more helps large models that reach the time limit. "
+                             f"Default: {DEFAULT.heuristic_effort:g} (HiGHS's)")
     parser.add_argument("--solver-log", action="store_true", help="show HiGHS's log while solving")
     if not per_strategy:
         parser.add_argument("--checkpointing-only", action="store_true",
@@ -107,7 +125,7 @@ def _settings_options(parser: argparse.ArgumentParser, *, time_limit_help: str =
 def _settings(args) -> SolveSettings:
     """The SolveSettings that the command line gives (what _settings_options added; the rest default)."""
     return SolveSettings(time_limit=args.time_limit, formulation=args.formulation, gap=args.gap / 100,
-                         horizon=args.horizon, solver_log=args.solver_log,
+                         horizon=args.horizon, heuristic_effort=args.heuristic_effort, solver_log=args.solver_log,
                          implementations=not getattr(args, "checkpointing_only", False),
                          allow_approximate=args.allow_approximate)
 
@@ -231,6 +249,8 @@ def _check(args, *, output_folder: bool = False) -> None:
         raise ValueError(f"--time-limit {args.time_limit:g} must be a positive number of seconds")
     if not 0 <= getattr(args, "gap", 0) < 100:
         raise ValueError(f"--gap {args.gap:g} must be a percentage from 0 to 100")
+    if not 0 <= getattr(args, "heuristic_effort", 0) <= 1:
+        raise ValueError(f"--heuristic-effort {args.heuristic_effort:g} must be a share from 0 to 1")
     if getattr(args, "steps", 1) <= 0:
         raise ValueError(f"--steps {args.steps} must be positive")
     if getattr(args, "output", None) is not None:

@@ -64,6 +64,9 @@ class Milp:
     def fix(self, var: int, value: float) -> None:
         self._lower[var] = self._upper[var] = value
 
+    def upper(self, var: int) -> float:
+        return self._upper[var]
+
     def add_cost(self, var: int, coef: float) -> None:
         self._cost[var] = self._cost.get(var, 0.0) + coef
 
@@ -76,11 +79,13 @@ class Milp:
         self._rhs.append(rhs)
 
     def solve(self, *, time_limit: float, seed: int = 0, mip_rel_gap: float = 1e-4, abs_gap: float = 0.0,
-              warm: dict[int, float] | None = None, verbose: bool = False, relax: bool = False,
+              heuristic_effort: float = 0.05, warm: dict[int, float] | None = None, verbose: bool = False,
+              relax: bool = False,
               progress: Callable[[float, float], None] | None = None) -> MilpResult:
         """Minimise the cost; stop when proven within `mip_rel_gap` (relative) or `abs_gap` (in
         cost units) of the optimum. `warm` fixes binaries to a known solution first (an LP, quick);
         if that solution is feasible HiGHS starts from it, so the time limit returns at least it.
+        `heuristic_effort` is HiGHS's `mip_heuristic_effort` (0 to 1, see SolveSettings).
         `relax` solves the LP relaxation instead (binaries anywhere in [0, 1]).
         `progress(objective, bound)` is called every TICK seconds while HiGHS runs, from this
         thread, with the cost of the best solution found so far (inf before the first) and the
@@ -118,7 +123,8 @@ class Milp:
             highs.setOptionValue("log_to_console", verbose)
             for name, value in (("time_limit", max(1.0, time_limit - (time.perf_counter() - start))),
                                 ("random_seed", int(seed)), ("mip_rel_gap", float(mip_rel_gap)),
-                                ("mip_abs_gap", float(abs_gap))):
+                                ("mip_abs_gap", float(abs_gap)),
+                                ("mip_heuristic_effort", float(heuristic_effort))):
                 highs.setOptionValue(name, value)
             highs.passModel(lp)
             best = _Best()

@@ -12,8 +12,10 @@ class SolveSettings:
     """What `solve` (and `least_peak`, `monet.solve`, the CLI, a pareto sweep) is asked to do.
 
     `formulation`: "compact" (each tensor rebuilt at most once; scales), "general" (any number of
-    reruns; small graphs, no implementation choices) or "auto" (general for small graphs with
-    nothing to choose, else compact). `implementations` lets the solver choose how ops run (the
+    reruns; its size grows as tensors x stages) or "auto" (general for small graphs with nothing to
+    choose, else compact); a list solves with each in turn (see `solve`), e.g. ["compact", "general"]
+    with `horizon` ["auto", None]: the general formulation, unbounded, polishes the compact one's
+    schedule. `implementations` lets the solver choose how ops run (the
     problem's choices) jointly with what to keep; off, every choice takes its first option
     (checkpointing alone). Options that change gradients are only considered with
     `allow_approximate`. `options` (choice -> option) fixes some choices, whatever the other settings.
@@ -21,13 +23,16 @@ class SolveSettings:
     possible in the formulation, or at `time_limit` seconds. `horizon` bounds how early an op may
     rerun, in stages (None: unbounded; "auto": as long as the problem's size allows; a list: each
     in turn, see `solve`). Same input, same `seed`: same schedule, unless the time limit cuts the
-    search. `solver_log` shows HiGHS's log.
+    search. `heuristic_effort` (0 to 1) is the share of HiGHS's search spent in its primal heuristics
+    (HiGHS's `mip_heuristic_effort`; its default, 0.05, is the default here): more finds better
+    schedules sooner on problems the time limit cuts, and proves optimality later on the others.
+    `solver_log` shows HiGHS's log.
 
     What belongs to one call rather than to how to solve (the budget, a starting schedule, a
     progress callback) stays an argument of the call.
     """
 
-    formulation: str = "auto"
+    formulation: str | list | tuple = "auto"
     implementations: bool = True
     allow_approximate: bool = False
     options: Mapping[str, str] | None = None
@@ -35,7 +40,12 @@ class SolveSettings:
     gap: float = 5e-3
     horizon: int | None | str | list | tuple = "auto"
     seed: int = 0
+    heuristic_effort: float = 0.05
     solver_log: bool = False
+
+    def __post_init__(self):
+        if not 0 <= self.heuristic_effort <= 1:
+            raise ValueError(f"heuristic_effort {self.heuristic_effort!r} must be a share from 0 to 1")
 
     def but(self, **changes) -> SolveSettings:
         """These settings with `changes` (field -> value); an unknown name raises TypeError."""
