@@ -83,8 +83,9 @@ def solve(model: nn.Module, inputs, budget: str | int | float, settings: SolveSe
     `allow_approximate`; their measured error is recorded in the schedule. `options` fixes
     implementations ({choice: option}, named as in a schedule's "options"). `formulation` is
     "compact" (each tensor recomputed at most once; scales), "general" (any number of
-    recomputations, no implementation choices; reaches lower budgets on small graphs) or "auto"
-    (general for small graphs with nothing else to choose, else compact).
+    recomputations; reaches lower budgets and faster schedules, grows as tensors x stages) or "auto"
+    (general for small graphs with nothing else to choose, else compact); a list solves with each in
+    turn, each from the best schedule so far (see monet.solver.solve).
     The solver stops when the predicted step time is proven within `gap` of the formulation's
     best, or at `time_limit` seconds; `horizon` bounds how many stages ahead of its use an op may
     rerun ("auto": as long as the graph's size allows; None: unbounded).

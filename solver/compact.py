@@ -50,53 +50,6 @@ class Compact(Formulation):
         self._objective()
 
     # ---- variables and their links -----------------------------------------
-    def _choices(self, allow_approximate: bool, options: dict[str, str]) -> None:
-        """y[c,j], one option per choice. An allowed option that another allowed option dominates
-        is left out (no loss)."""
-        milp = self.milp
-        self.option_var: dict[tuple[str, int], int] = {}
-        self.better: dict[tuple[str, int], int] = {}  # dominated option -> the option that replaces it
-        ops_of: dict[str, list] = {}
-        for op in self.problem.ops:
-            if op.choice is not None:
-                ops_of.setdefault(op.choice, []).append(op)
-        for choice in self.problem.choices:
-            first = milp.add_vars(len(choice.options), binary=True)
-            milp.add_row([(first + j, 1.0) for j in range(len(choice.options))], 1.0)
-            milp.add_row([(first + j, -1.0) for j in range(len(choice.options))], -1.0)
-            forced = options.get(choice.name)
-            allowed = [j for j, name in enumerate(choice.options)
-                       if (allow_approximate or name not in choice.approximate) and (not forced or forced == name)]
-            for j in range(len(choice.options)):
-                self.option_var[(choice.name, j)] = first + j
-                better = next((i for i in allowed if i != j and _dominates(ops_of.get(choice.name, []), i, j)), None)
-                if j not in allowed or better is not None:
-                    milp.fix(first + j, 0.0)
-                if j in allowed and better is not None:
-                    self.better[(choice.name, j)] = better
-
-    def _option(self, op_id: int, j: int) -> Terms:
-        """Terms equal to 1 when op `op_id` runs as its option j (always, without a choice)."""
-        op = self.problem.ops[op_id]
-        return [] if op.choice is None else [(self.option_var[(op.choice, j)], 1.0)]
-
-    def _both(self, a: Terms, b: Terms) -> Terms:
-        """Terms of a variable equal to the product of two 0/1 quantities (an empty one is 1)."""
-        if not a or not b:
-            return a or b
-        milp = self.milp
-        z = milp.add_vars(upper=1.0)
-        milp.add_row(a + b + [(z, -1.0)], 1.0)
-        milp.add_row([(z, 1.0)] + [(v, -c) for v, c in a], 0.0)
-        milp.add_row([(z, 1.0)] + [(v, -c) for v, c in b], 0.0)
-        return [(z, 1.0)]
-
-    def reads_if(self, t: int, k: int) -> Terms:
-        conditional = self.stages.read_only_under
-        if (t, k) not in conditional:
-            return []
-        return [term for j in conditional[(t, k)] for term in self._option(self.problem.backward_ops[k].id, j)]
-
     def _keep_or_drop(self) -> None:
         """d[t], and the options that forbid dropping: an option whose reruns read saved tensors
         keeps them, and an op's outputs are dropped only under an option that lets it rerun."""
@@ -252,25 +205,6 @@ class Compact(Formulation):
         return held_terms
 
     # ---- memory rows and objective -----------------------------------------
-    def _cost_rows(self, op_id: int, when: Terms) -> list[tuple[float, Terms]]:
-        """The outputs and workspace of running op `op_id` when `when` is 1, as (constant, terms)
-        per memory row (constants in bytes, terms in memory units). A rerun whose options cost
-        differently gets a row per option j that binds only when j is chosen:
-        size_j * (when + y_j - 1), with no product variable."""
-        sizes = self.stages.op_cost(self.problem.ops[op_id])
-        if when and len({size for _, size in sizes}) > 1:
-            return [(-size, [(v, c * self.units(size)) for v, c in when + self._option(op_id, j)])
-                    for j, size in sizes]
-        if when:
-            return [(0.0, [(v, c * self.units(sizes[0][1])) for v, c in when])]
-        constant, terms = 0.0, []
-        for j, size in sizes:
-            if j is None:
-                constant += size
-            else:
-                terms += [(v, c * self.units(size)) for v, c in self._option(op_id, j)]
-        return [(constant, terms)]
-
     def needed_after(self, t: int, k: int) -> Terms:
         return [(self._Q(t, k + 1), 1.0)]
 
@@ -296,22 +230,10 @@ class Compact(Formulation):
         """Rerun times, and the forward and backward ops' own times where they depend on an option."""
         for var, seconds in self._rerun_times:
             self.memory.add_time(var, seconds)
-        for op in self.problem.ops:
-            for j, impl in enumerate(op.impls if op.choice else ()):
-                self.memory.add_time(self.option_var[(op.choice, j)], impl.time if impl.runs else 0.0)
+        self._option_times()
 
     def warm_start(self, dropped: frozenset[int], options: dict[str, str]) -> dict[int, float]:
-        values = {var: float(t in dropped) for t, var in self.drop.items()}
-        chosen = {c.name: c.options.index(options.get(c.name, c.options[0])) for c in self.problem.choices}
-        for c, j in chosen.items():
-            while (c, j) in self.better:
-                j = chosen[c] = self.better[(c, j)]
-        values.update({var: float(j == chosen[c]) for (c, j), var in self.option_var.items()})
-        return values
-
-    def options(self, values: np.ndarray) -> dict[str, str]:
-        return {c: self.problem.choice_named[c].options[j]
-                for (c, j), var in self.option_var.items() if values[var] > 0.5}
+        return {var: float(t in dropped) for t, var in self.drop.items()} | self.option_values(options)
 
     def reruns(self, values: np.ndarray) -> dict[int, list[int]]:
         by_stage: dict[int, list[int]] = {}
@@ -321,14 +243,3 @@ class Compact(Formulation):
                 by_stage.setdefault(a + int(np.argmax(on)), []).append(o)
         return by_stage
 
-
-def _dominates(ops: list, i: int, j: int) -> bool:
-    """Option i of the choice that `ops` share is no worse than option j in anything the simulator
-    counts (same ops run, reading no more, in no more time and workspace), and strictly better
-    somewhere or first of equals."""
-    pairs = [(op.impl(i), op.impl(j)) for op in ops]
-    if any(a.runs != b.runs or not set(a.inputs) <= set(b.inputs) or a.time > b.time or a.workspace > b.workspace
-           or a.recompute_time > b.recompute_time or not set(a.keeps) <= set(b.keeps)
-           or (b.recomputable and not a.recomputable) for a, b in pairs):
-        return False
-    return i < j or any(a != b for a, b in pairs)

@@ -43,9 +43,88 @@ class Formulation:
         or bytes already divided by `units`), `fixed_bytes` in bytes."""
         self.memory.add([(v, c * self.unit) for v, c in terms], fixed_bytes)
 
+    # ---- how ops run: one option per choice -----------------------------------
+    def _choices(self, allow_approximate: bool, options: dict[str, str]) -> None:
+        """y[c,j], one option per choice. An allowed option that another allowed option dominates
+        is left out (no loss)."""
+        milp = self.milp
+        self.option_var: dict[tuple[str, int], int] = {}
+        self.better: dict[tuple[str, int], int] = {}  # dominated option -> the option that replaces it
+        ops_of: dict[str, list] = {}
+        for op in self.problem.ops:
+            if op.choice is not None:
+                ops_of.setdefault(op.choice, []).append(op)
+        for choice in self.problem.choices:
+            first = milp.add_vars(len(choice.options), binary=True)
+            milp.add_row([(first + j, 1.0) for j in range(len(choice.options))], 1.0)
+            milp.add_row([(first + j, -1.0) for j in range(len(choice.options))], -1.0)
+            forced = options.get(choice.name)
+            allowed = [j for j, name in enumerate(choice.options)
+                       if (allow_approximate or name not in choice.approximate) and (not forced or forced == name)]
+            for j in range(len(choice.options)):
+                self.option_var[(choice.name, j)] = first + j
+                better = next((i for i in allowed if i != j and _dominates(ops_of.get(choice.name, []), i, j)), None)
+                if j not in allowed or better is not None:
+                    milp.fix(first + j, 0.0)
+                if j in allowed and better is not None:
+                    self.better[(choice.name, j)] = better
+
+    def _option(self, op_id: int, j: int) -> Terms:
+        """Terms equal to 1 when op `op_id` runs as its option j (always, without a choice)."""
+        op = self.problem.ops[op_id]
+        return [] if op.choice is None else [(self.option_var[(op.choice, j)], 1.0)]
+
+    def _both(self, a: Terms, b: Terms) -> Terms:
+        """Terms of a variable equal to the product of two 0/1 quantities (an empty one is 1)."""
+        if not a or not b:
+            return a or b
+        milp = self.milp
+        z = milp.add_vars(upper=1.0)
+        milp.add_row(a + b + [(z, -1.0)], 1.0)
+        milp.add_row([(z, 1.0)] + [(v, -c) for v, c in a], 0.0)
+        milp.add_row([(z, 1.0)] + [(v, -c) for v, c in b], 0.0)
+        return [(z, 1.0)]
+
     def reads_if(self, t: int, k: int) -> Terms:
         """Terms equal to 1 when backward op k reads t under the chosen option ([] when always)."""
-        return []
+        conditional = self.stages.read_only_under
+        if (t, k) not in conditional:
+            return []
+        return [term for j in conditional[(t, k)] for term in self._option(self.problem.backward_ops[k].id, j)]
+
+    def _cost_rows(self, op_id: int, when: Terms) -> list[tuple[float, Terms]]:
+        """The outputs and workspace of running op `op_id` when `when` is 1, as (constant, terms)
+        per memory row (constants in bytes, terms in memory units). A rerun whose options cost
+        differently gets a row per option j that binds only when j is chosen:
+        size_j * (when + y_j - 1), with no product variable."""
+        sizes = self.stages.op_cost(self.problem.ops[op_id])
+        if when and len({size for _, size in sizes}) > 1:
+            return [(-size, [(v, c * self.units(size)) for v, c in when + self._option(op_id, j)])
+                    for j, size in sizes]
+        if when:
+            return [(0.0, [(v, c * self.units(sizes[0][1])) for v, c in when])]
+        constant, terms = 0.0, []
+        for j, size in sizes:
+            if j is None:
+                constant += size
+            else:
+                terms += [(v, c * self.units(size)) for v, c in self._option(op_id, j)]
+        return [(constant, terms)]
+
+    def _option_times(self) -> None:
+        """Objective terms: the time of every op whose time depends on its choice's option, run once."""
+        for op in self.problem.ops:
+            for j, impl in enumerate(op.impls if op.choice else ()):
+                self.memory.add_time(self.option_var[(op.choice, j)], impl.time if impl.runs else 0.0)
+
+    def option_values(self, options: dict[str, str]) -> dict[int, float]:
+        """Binary values of the option variables when ops run as `options` say (a dominated option
+        as the option that replaces it)."""
+        chosen = {c.name: c.options.index(options.get(c.name, c.options[0])) for c in self.problem.choices}
+        for c, j in chosen.items():
+            while (c, j) in self.better:
+                j = chosen[c] = self.better[(c, j)]
+        return {var: float(j == chosen[c]) for (c, j), var in self.option_var.items()}
 
     def needed_after(self, t: int, k: int) -> Terms:
         """Terms equal to 1 when a copy of t made at stage k must outlive it ([] if never)."""
@@ -112,8 +191,9 @@ class Formulation:
         raise NotImplementedError
 
     def options(self, values: np.ndarray) -> dict[str, str]:
-        """Choice -> option taken, in a solution (none: every choice takes its first option)."""
-        return {}
+        """Choice -> option taken, in a solution."""
+        return {c: self.problem.choice_named[c].options[j]
+                for (c, j), var in self.option_var.items() if values[var] > 0.5}
 
     def warm_start(self, dropped: frozenset[int], options: dict[str, str]) -> dict[int, float] | None:
         """Binary values of the first-need schedule that drops `dropped` and runs ops as `options`
@@ -129,3 +209,15 @@ class Formulation:
             if op.impl(self.problem.option_index(op, options)).runs:
                 seq.append(op.id)
         return Schedule.from_backward(self.problem, seq, options)
+
+
+def _dominates(ops: list, i: int, j: int) -> bool:
+    """Option i of the choice that `ops` share is no worse than option j in anything the simulator
+    counts (same ops run, reading no more, in no more time and workspace), and strictly better
+    somewhere or first of equals."""
+    pairs = [(op.impl(i), op.impl(j)) for op in ops]
+    if any(a.runs != b.runs or not set(a.inputs) <= set(b.inputs) or a.time > b.time or a.workspace > b.workspace
+           or a.recompute_time > b.recompute_time or not set(a.keeps) <= set(b.keeps)
+           or (b.recomputable and not a.recomputable) for a, b in pairs):
+        return False
+    return i < j or any(a != b for a, b in pairs)

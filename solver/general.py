@@ -11,6 +11,12 @@ Presence:  a backward op reading t at stage k needs S[t,k] + R[op(t),k] >= 1;
 Carry:     S[t,k+1] <= S[t,k] + R[op(t),k],  S[t,first] <= s[t].
 Memory:    every forward op, and every moment of every stage (each rerun, then
            the backward op), within the budget; see Formulation.add_stage.
+How ops run is chosen with the rest, as in the compact formulation: y[c,j] (choice
+c takes option j) decides what a backward op reads (its presence rows bind only
+under the options that read), which tensors exist (a tensor made under some
+options only is saved only under them), which ops may rerun, and each op's time,
+workspace and rerun time (a rerun's time under option j is priced by a variable
+at least R[o,k] + y[c,j] - 1).
 This is MONeT's stage formulation for checkpointing; it reaches the lowest
 budgets (revolve-style repeated recomputation) but grows as tensors x stages.
 """
@@ -27,9 +33,13 @@ from .schedule import Schedule
 class General(Formulation):
     name = "general"
 
-    def __init__(self, problem: Problem, budget: int | None, horizon: int | None = None):
+    def __init__(self, problem: Problem, budget: int | None, horizon: int | None = None, *,
+                 allow_approximate: bool = False, options: dict[str, str] | None = None):
+        """`options` fixes choices; the others are chosen (approximate options only when allowed)."""
         super().__init__(problem, budget, horizon)
+        self._choices(allow_approximate, options or {})
         self._variables()
+        self._existence()
         self._presence()
         self._carry()
         self._forward_rows()
@@ -56,17 +66,43 @@ class General(Formulation):
             terms.append((self.rerun[(self.problem.tensors[t].producer, k)], 1.0))
         return terms
 
+    def _existence(self) -> None:
+        """Options decide what can be saved and what can rerun: a tensor made under some options only
+        is saved only under them, and an op reruns only under an option that lets it."""
+        milp, problem = self.milp, self.problem
+        for t, var in self.saved.items():
+            made = self.stages.existence(t)
+            if made is not None:
+                producer, runs = made
+                milp.add_row([(var, 1.0)] + [(v, -c) for j in runs for v, c in self._option(producer, j)], 0.0)
+        for o in self.window:
+            impls = problem.ops[o].impls
+            if any(impl.inputs != impls[0].inputs or not impl.runs for impl in impls):
+                raise ValueError(f"op {problem.ops[o].name!r} reruns, so all its options must read the same")
+            if all(impl.recomputable for impl in impls):
+                continue
+            allowed = [(v, -c) for j, impl in enumerate(impls) if impl.recomputable for v, c in self._option(o, j)]
+            for k in range(self.window[o][0], self.window[o][1] + 1):
+                milp.add_row([(self.rerun[(o, k)], 1.0)] + allowed, 0.0)
+
     def _presence(self) -> None:
-        """What backward op k, or a rerun R[o,k], reads is present at stage k."""
+        """What backward op k reads under the chosen option, and what a rerun R[o,k] reads (its
+        inputs, and what its option keeps), is present at stage k."""
         milp, problem = self.milp, self.problem
         for k, op in enumerate(problem.backward_ops):
-            for t in op.inputs:
+            for t in {t for impl in op.impls if impl.runs for t in impl.inputs}:
                 if t in self.tensor_window:
-                    milp.add_row([(c, -v) for c, v in self._present(t, k)], -1.0)
+                    condition = self.reads_if(t, k)
+                    milp.add_row(condition + [(c, -v) for c, v in self._present(t, k)], 0.0 if condition else -1.0)
         for (o, k), var in self.rerun.items():
             for t in problem.ops[o].inputs:
                 if t in self.tensor_window:
                     milp.add_row([(var, 1.0)] + [(c, -v) for c, v in self._present(t, k)], 0.0)
+            for j, impl in enumerate(problem.ops[o].impls):
+                for t in impl.keeps:
+                    if (t, k) in self.held:  # rerun here under option j: R + y_j - 1 <= present
+                        milp.add_row([(var, 1.0)] + self._option(o, j) + [(c, -v) for c, v in self._present(t, k)],
+                                     1.0 if self._option(o, j) else 0.0)
 
     def _carry(self) -> None:
         """S[t,k+1] <= S[t,k] + R[op(t),k],  S[t,first] <= s[t]."""
@@ -80,18 +116,17 @@ class General(Formulation):
                 milp.add_row(terms, 0.0)
 
     def _forward_rows(self) -> None:
-        """Memory rows at every forward op, with the saved tensors made so far."""
+        """Memory rows at every forward op, with the saved tensors made so far and what the options
+        make there."""
         tensors = self.problem.tensors
-        for fixed, optional, _ in self.stages.forward_rows:
-            self.memory.add([(self.saved[t], tensors[t].bytes) for t in optional], fixed)
+        for fixed, optional, by_option in self.stages.forward_rows:
+            terms = [(self.saved[t], tensors[t].bytes) for t in optional]
+            terms += [(v, c * size) for o, j, size in by_option for v, c in self._option(o, j)]
+            self.memory.add(terms, fixed)
 
     def needed_after(self, t: int, k: int) -> Terms:
         """Held into stage k + 1."""
         return [(self.held[(t, k + 1)], 1.0)] if (t, k + 1) in self.held else []
-
-    def _cost(self, o: int, when: Terms) -> list[tuple[float, Terms]]:
-        (_, size), = self.stages.op_cost(self.problem.ops[o])  # resolved problems have no choices
-        return [(0.0, [(v, c * self.units(size)) for v, c in when]) if when else (size, [])]
 
     def _stage_rows(self) -> None:
         """Memory rows at every moment of every backward stage (see Formulation.add_stage)."""
@@ -106,17 +141,27 @@ class General(Formulation):
         for o, k in sorted(self.rerun):
             candidates[k].append(o)
         for k in range(stages.count):
-            self.add_stage(k, held[k], candidates[k], lambda o, k=k: [(self.rerun[(o, k)], 1.0)], self._cost)
+            self.add_stage(k, held[k], candidates[k], lambda o, k=k: [(self.rerun[(o, k)], 1.0)], self._cost_rows)
 
     def _objective(self) -> None:
-        """Each rerun's time."""
+        """Each rerun's time under its op's option: the least of its options' on R[o,k], and what an
+        option costs more on a variable at least R[o,k] + y_j - 1; the times that depend on options."""
+        milp = self.milp
         for (o, _), var in self.rerun.items():
-            self.memory.add_time(var, self.problem.ops[o].pytorch.recompute_time)
+            times = [impl.recompute_time for impl in self.problem.ops[o].impls]
+            self.memory.add_time(var, min(times))
+            for j, seconds in enumerate(times):
+                option = self._option(o, j)
+                if seconds > min(times) and option and milp.upper(option[0][0]) > 0:
+                    more = milp.add_vars(upper=1.0)
+                    milp.add_row([(var, 1.0)] + option + [(more, -1.0)], 1.0)
+                    self.memory.add_time(more, seconds - min(times))
+        self._option_times()
 
     def warm_from(self, schedule: Schedule) -> dict[int, float] | None:
-        """Binary values of `schedule` (of this formulation's problem): s from what it saves, R from
-        the stage of each rerun, S wherever a copy is read later before its op reruns again. None
-        when a rerun falls outside its op's window (a horizon excludes it)."""
+        """Binary values of `schedule` (of this formulation's problem): y from its options, s from what
+        it saves, R from the stage of each rerun, S wherever a copy is read later before its op reruns
+        again. None when a rerun falls outside its op's window (a horizon excludes it)."""
         stage_of = self.stages.stage_of
         ran: dict[int, set[int]] = {}  # op -> stages it reruns in
         pending: list[int] = []
@@ -129,11 +174,16 @@ class General(Formulation):
                     return None
                 ran.setdefault(o, set()).add(stage_of[i])
             pending = []
-        read: dict[int, set[int]] = {t: set(ks) for t, ks in self.stages.read_at.items()}
+        read: dict[int, set[int]] = {}  # tensor -> stages that read it, as the schedule runs ops
+        for k, op in enumerate(self.problem.backward_ops):
+            impl = schedule.impl(self.problem, op)
+            for t in impl.inputs if impl.runs else ():
+                read.setdefault(t, set()).add(k)
         for o, stages in ran.items():
-            for t in self.problem.ops[o].inputs:
+            for t in schedule.impl(self.problem, self.problem.ops[o]).backward_reads:
                 read.setdefault(t, set()).update(stages)
-        values = {var: float(t in schedule.saved) for t, var in self.saved.items()}
+        values = self.option_values(schedule.options)
+        values.update({var: float(t in schedule.saved) for t, var in self.saved.items()})
         values.update({var: float(k in ran.get(o, ())) for (o, k), var in self.rerun.items()})
         for t, (a, b) in self.tensor_window.items():
             remade = ran.get(self.problem.tensors[t].producer, set())

@@ -44,8 +44,8 @@ def auto_horizon(problem: Problem) -> int | None:
 
 
 def _pose(problem: Problem, settings: SolveSettings) -> tuple[str, Problem, dict[str, str]]:
-    """(formulation, the problem it is posed on, fixed options). The general formulation does not
-    choose implementations: it solves the problem as PyTorch runs it, or as `settings.options` fix."""
+    """(formulation, the problem it is posed on, fixed options): `problem` restricted to the fixed
+    options (without implementations, every choice is fixed to PyTorch's own option)."""
     formulation = settings.formulation
     fixed = _fixed(problem, settings)
     if formulation not in FORMULATIONS:
@@ -55,7 +55,7 @@ def _pose(problem: Problem, settings: SolveSettings) -> tuple[str, Problem, dict
     if formulation == "auto":
         choosing = len(fixed) < len(problem.choices)
         formulation = "general" if len(problem.forward_ops) <= GENERAL_UP_TO and not choosing else "compact"
-    return formulation, (problem.restrict(fixed) if formulation == "compact" else problem.resolve(fixed)), fixed
+    return formulation, problem.restrict(fixed), fixed
 
 
 def _fixed(problem: Problem, settings: SolveSettings) -> dict[str, str]:
@@ -103,8 +103,7 @@ def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]]
 
 
 def _unpose(schedule: Schedule, posed: Problem, problem: Problem, fixed: dict[str, str]) -> Schedule:
-    """A schedule of the posed problem as one of `problem`. The general formulation's posed problem has
-    the fixed options resolved into its ops, so its schedules name none: they come back from `fixed`."""
+    """A schedule of the posed problem as one of `problem`, running ops as `fixed` says where it names no option."""
     options = {c: o for c, o in {**fixed, **schedule.options}.items() if problem.choice_named[c].options[0] != o}
     return schedule.remap(posed, problem, options)
 
@@ -123,9 +122,8 @@ def _general_warm(formulation: General, problem: Problem, fixed: dict[str, str],
     `problem`) that run ops as `fixed` says, and the heuristic's (`found`, of the posed problem), that
     its horizon admits."""
     posed = formulation.problem
-    same = [(replay.time, schedule.remap(problem, posed, {})) for schedule, replay in fitting
-            if all(schedule.options.get(c.name, c.options[0]) == fixed.get(c.name, c.options[0])
-                   for c in problem.choices)]
+    same = [(replay.time, schedule.remap(problem, posed)) for schedule, replay in fitting
+            if all(schedule.options.get(c, problem.choice_named[c].options[0]) == o for c, o in fixed.items())]
     starts = sorted(same + ([(found.replay.time, found.schedule)] if found else []), key=lambda pair: pair[0])
     return next((values for _, schedule in starts for values in [formulation.warm_from(schedule)]
                  if values is not None), None)
@@ -140,7 +138,7 @@ def _formulate(kind: str, posed: Problem, budget: int | None, settings: SolveSet
     """The `kind` formulation ("compact" or "general") of `posed` within `budget` (None: the least peak)."""
     if kind == "compact":
         return Compact(posed, budget, allow_approximate=settings.allow_approximate, options=fixed, horizon=horizon)
-    return General(posed, budget, horizon)
+    return General(posed, budget, horizon, allow_approximate=settings.allow_approximate, options=fixed)
 
 
 def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, *, start: Schedule | None = None,
@@ -154,11 +152,12 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     change gradients are only considered with `allow_approximate`. `options` (choice -> option)
     fixes some choices, whatever the other settings.
     `formulation`: "compact" (each tensor rebuilt at most once; scales), "general" (any number of
-    reruns; small graphs, no implementation choices) or "auto" (general for graphs of up to
-    GENERAL_UP_TO forward ops with nothing to choose, else compact). `horizon` bounds how early an op
-    may rerun, in stages (None: unbounded; "auto": as long as the problem's size allows); a list of
-    horizons (e.g. [15, None]) solves at each in turn, each on an equal share of the time left and
-    started from the best schedule so far, and returns the last, which is never slower.
+    reruns; grows as tensors x stages) or "auto" (general for graphs of up to GENERAL_UP_TO forward
+    ops with nothing to choose, else compact); both choose implementations. `horizon` bounds how
+    early an op may rerun, in stages (None: unbounded; "auto": as long as the problem's size allows).
+    A list of horizons (e.g. [15, None]), of formulations (e.g. ["compact", "general"]), or of both
+    in step, solves at each rung in turn, each on an equal share of the time left and started from
+    the best schedule so far, and returns the last, which is never slower.
     The solver starts from the fastest of Chen's greedy schedules that fits, with ops run as
     PyTorch runs them or in their leanest way, or from `start` (a schedule of this problem) where
     that fits and is faster (compact formulation); when it chooses implementations it first
@@ -183,26 +182,51 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     baseline = keep_all(problem, _fixed(problem, settings))
     baseline = (baseline, unconstrained if unconstrained is not None and not settings.options
                 else simulate(problem, baseline))
-    if isinstance(settings.horizon, (list, tuple)):
+    if isinstance(settings.horizon, (list, tuple)) or isinstance(settings.formulation, (list, tuple)):
         return _ladder(problem, budget, settings, start, progress or _quiet, baseline)
     return _solve(problem, budget, settings, start, progress or _quiet, baseline, explain=True)
 
 
+def _rungs(settings: SolveSettings) -> list[tuple[str, int | None | str]]:
+    """The (formulation, horizon) pairs of a ladder: `settings.formulation` and `settings.horizon` in
+    step where both are lists (of one length), else the one list with the other setting at each rung."""
+    formulations, horizons = settings.formulation, settings.horizon
+    if isinstance(formulations, (list, tuple)) and isinstance(horizons, (list, tuple)):
+        if len(formulations) != len(horizons):
+            raise ValueError(f"a list of formulations {list(formulations)} and a list of horizons {list(horizons)} "
+                             "go in step, so they must be as long")
+        rungs = list(zip(formulations, horizons))
+    elif isinstance(formulations, (list, tuple)):
+        rungs = [(formulation, horizons) for formulation in formulations]
+    else:
+        rungs = [(formulations, horizon) for horizon in horizons]
+    if not rungs:
+        raise ValueError("a list of formulations or horizons must name at least one")
+    return rungs
+
+
+def _rung_text(formulation: str, horizon: int | None | str, settings: SolveSettings) -> str:
+    """A ladder rung, for progress: what changes from rung to rung."""
+    parts = ([formulation] if isinstance(settings.formulation, (list, tuple)) else []) + (
+        [_horizon_text(horizon) if horizon != "auto" else "auto horizon"]
+        if isinstance(settings.horizon, (list, tuple)) else [])
+    return ", ".join(parts) + ": "
+
+
 def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
             baseline: tuple[Schedule, Replay]) -> Solution:
-    """`solve` at each of `settings.horizon`'s horizons in turn, each started from the best schedule so
-    far; the last solution, which is no slower than any before it."""
-    horizons = list(settings.horizon)
-    if not horizons:
-        raise ValueError("a list of horizons must name at least one")
+    """`solve` at each rung of the ladder (see _rungs) in turn, each on an equal share of the time left and
+    started from the best schedule so far; the last solution, which is no slower than any before it."""
+    rungs = _rungs(settings)
     began, best, warnings = time.perf_counter(), None, []
-    for i, horizon in enumerate(horizons):
-        share = (settings.time_limit - (time.perf_counter() - began)) / (len(horizons) - i)
-        last = i == len(horizons) - 1
+    for i, (formulation, horizon) in enumerate(rungs):
+        share = (settings.time_limit - (time.perf_counter() - began)) / (len(rungs) - i)
+        last = i == len(rungs) - 1
         try:
-            solution = _solve(problem, budget, settings.but(time_limit=max(1.0, share), horizon=horizon),
+            solution = _solve(problem, budget,
+                              settings.but(time_limit=max(1.0, share), formulation=formulation, horizon=horizon),
                               best.schedule if best else start, progress, baseline, explain=last,
-                              label=f"{_horizon_text(horizon)}: ")
+                              label=_rung_text(formulation, horizon, settings))
         except (_NoSchedule, SolverFailedError):
             if not last or best is not None:
                 continue
@@ -211,7 +235,7 @@ def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Sched
         if best is None or solution.replay.time <= best.replay.time:
             best = solution
     if best is None:  # only the last rung may explain, and it raised; unreachable
-        raise SolverFailedError(f"no schedule at any of the horizons {horizons}")
+        raise SolverFailedError(f"no schedule at any of the rungs {rungs}")
     return dataclasses.replace(best, solve_time=time.perf_counter() - began, warnings=tuple(warnings))
 
 
@@ -249,7 +273,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     incumbent = min(fitting, key=lambda pair: pair[1].time, default=None)
     horizon, found = _start(posed, budget, _option_sets(posed, settings), settings.horizon,
                             lambda *state: progress(label + "finding a starting schedule", *state),
-                            incumbent[0] if incumbent and kind == "compact" else None)
+                            incumbent[0] if incumbent else None)
     progress(label + "building the ILP", 0, None, "")
     formulation = _formulate(kind, posed, budget, settings, fixed, horizon)
     if kind == "compact" and incumbent and (found is None or incumbent[1].time < found.replay.time):
@@ -266,6 +290,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
 
     result = formulation.milp.solve(time_limit=max(1.0, time_limit - (time.perf_counter() - began)),
                                     seed=settings.seed, warm=warm, verbose=settings.solver_log,
+                                    heuristic_effort=settings.heuristic_effort,
                                     abs_gap=settings.gap * reference * 1e3,
                                     progress=_watch(progress, label + "solving", began, time_limit, step_time))
     # Schedules of `problem` that the simulator finds within the budget without HiGHS: the starting
@@ -482,6 +507,7 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
         return f"least so far {format_bytes(least)} ({least / unconstrained:.0%} of the unconstrained peak)"
 
     result = formulation.milp.solve(time_limit=time_limit, seed=settings.seed, verbose=settings.solver_log,
+                                    heuristic_effort=settings.heuristic_effort,
                                     warm=formulation.warm_start(start.dropped, start.options) if start else None,
                                     progress=_watch(progress, "least peak: solving", began, time_limit, peak))
     # (peak, schedule): the heuristic schedule's peak stands if HiGHS does no better

@@ -185,13 +185,31 @@ def test_options_change_what_runs_and_what_is_read():
     assert Decisions.of(p, masked).on(p) == masked  # through the schedule file's names
 
 
-def test_general_formulation_solves_as_pytorch_runs():
-    p = relu_chain(6)
-    solution = solve(p, int(unconstrained(p) * 0.9), formulation="general")
-    assert solution.schedule.options == {}
-    validate(p, solution.schedule)
-    plain = p.resolve({})
-    assert simulate(plain, keep_all(plain)).peak == unconstrained(p)
+@pytest.mark.parametrize("problem, share, options_pay", [("relu", 0.6, True), ("relu", 0.8, False),
+                                                         ("norm", 0.75, True), ("norm", 0.6, True)])
+def test_general_formulation_chooses_how_ops_run(problem, share, options_pay):
+    """The general formulation chooses options with the rest (masks that exist only under an option,
+    workspace and time per option, reruns that keep saved statistics): its optimum is priced as the
+    simulator replays it, is never slower than the compact formulation's, and (`options_pay`) is faster
+    than running ops as PyTorch does, or fits where that cannot."""
+    p = relu_chain(6) if problem == "relu" else norm_chain(8)
+    budget = int(unconstrained(p) * share)
+    exact = {"gap": 1e-6, "time_limit": 30}
+    def time(**settings):  # the optimum's step time; infinite where the budget cannot be met
+        try:
+            return solve(p, budget, **exact, **settings).replay.time
+        except InfeasibleBudgetError:
+            return float("inf")
+
+    general = solve(p, budget, formulation="general", **exact)
+    validate(p, general.schedule, allow_approximate=False)
+    assert general.status == "optimal" and not general.warnings and general.peak <= budget
+    assert general.replay.time == pytest.approx(general.objective, rel=1e-9)
+    assert general.replay.time <= time(formulation="compact") * (1 + 1e-6)
+    plain = time(formulation="general", implementations=False)
+    assert general.replay.time <= plain * (1 + 1e-6)
+    if options_pay:
+        assert general.replay.time < plain and general.schedule.options
 
 
 # ---- scale: horizon, gap, reductions ------------------------------------------------------------
@@ -285,15 +303,31 @@ def test_general_formulation_keeps_fixed_options():
     assert least_peak(p, formulation="general", options=options, time_limit=20).schedule.options == options
 
 
-@pytest.mark.parametrize("share", [0.6, 0.7, 0.8])
-def test_the_general_formulation_poses_the_compact_schedule_as_its_start(share):
-    # warm_from gives the general ILP the compact solution's binaries: HiGHS accepts them, at its cost
-    p = chain(12)
+@pytest.mark.parametrize("problem, share", [("chain", 0.6), ("chain", 0.7), ("chain", 0.8), ("relu", 0.7),
+                                            ("norm", 0.7)])
+def test_the_general_formulation_poses_the_compact_schedule_as_its_start(problem, share):
+    # warm_from gives the general ILP the compact solution's binaries, its options included: HiGHS
+    # accepts them, at its cost
+    p = {"chain": chain(12), "relu": relu_chain(6), "norm": norm_chain(8)}[problem]
     compact = solve(p, int(unconstrained(p) * share), formulation="compact", time_limit=20)
+    assert compact.schedule.options or problem == "chain"
     formulation = General(p, compact.budget, None)
     result = formulation.milp.solve(time_limit=5, warm=formulation.warm_from(compact.schedule))
     assert result.warm == "accepted"
     assert formulation.fixed_time + result.warm_objective / 1e3 == pytest.approx(compact.replay.time, rel=1e-9)
+
+
+def test_a_ladder_of_formulations_polishes_the_compact_schedule():
+    """formulation=["compact", "general"]: the general formulation starts from the compact one's
+    schedule and returns one no slower; formulations and horizons given as lists go in step."""
+    p = norm_chain(12)
+    budget = int(unconstrained(p) * 0.6)
+    compact = solve(p, budget, formulation="compact", time_limit=10)
+    ladder = solve(p, budget, formulation=["compact", "general"], horizon=["auto", None], time_limit=20)
+    assert ladder.formulation == "general" and ladder.peak <= budget
+    assert ladder.replay.time <= compact.replay.time * (1 + 1e-9)
+    with pytest.raises(ValueError, match="go in step"):
+        solve(p, budget, formulation=["compact", "general"], horizon=[None])
 
 
 def test_a_general_solve_is_never_slower_than_its_start():
@@ -302,3 +336,14 @@ def test_a_general_solve_is_never_slower_than_its_start():
     compact = solve(p, budget, formulation="compact", time_limit=20)
     general = solve(p, budget, formulation="general", start=compact.schedule, time_limit=2, horizon=None)
     assert general.peak <= budget and general.replay.time <= compact.replay.time
+
+
+def test_heuristic_effort_changes_no_optimum_and_is_a_share():
+    """HiGHS's heuristic effort changes how it searches, not what is optimal; outside 0..1 it is refused."""
+    p = relu_chain(6)
+    budget = int(unconstrained(p) * 0.7)
+    default, eager = (solve(p, budget, gap=1e-6, heuristic_effort=effort) for effort in (0.05, 1.0))
+    assert eager.status == default.status == "optimal"
+    assert eager.replay.time == pytest.approx(default.replay.time, rel=1e-9)
+    with pytest.raises(ValueError, match="heuristic_effort"):
+        solve(p, budget, heuristic_effort=1.5)
