@@ -15,7 +15,9 @@ monet's solves of the converted instance, from the records in monet-instances-so
 
     python -m benchmarks.monet_instances --solve 60 [--solve 300] [--only vgg16] [--deadline S]
 
-solves each instance (compact formulation, implementation choices on, gap 1e-4) at each time
+solves each instance (SETTINGS: the compact formulation, then the general one from its schedule,
+implementation choices on, gap 1e-4; HiGHS's heuristic effort 1 unless --heuristic-effort says
+otherwise) at each time
 limit and appends one record per solve to that file (a rerun replaces an instance's record at the
 same limit); --deadline stops starting new solves after S seconds.
 """
@@ -32,11 +34,18 @@ from pathlib import Path
 
 import numpy as np
 
+from monet.solver import SolveSettings
+
 FOLDER = Path(__file__).resolve().parents[2] / "shared" / "monet-instances"
 OUT = Path(__file__).resolve().parent / "results" / "monet-instances.md"
 SOLVES = OUT.with_name("monet-instances-solves.jsonl")
 LOGS = {"vgg16": "monet_vgg16_icmn_176_{budget}.out", "un": "monet_unet_icmn_11_{budget}",
         "googlenet": "monet_googlenet_in_320_{budget}"}
+HIGHS_EFFORT = 0.05  # HiGHS's own mip_heuristic_effort: the solves recorded before the setting existed
+EFFORT = 1.0  # what the solves here use: the time limit cuts every UNet solve, where effort finds better schedules
+# The compact formulation chooses what to keep and how ops run; the general one, unbounded, started from its
+# schedule, reruns tensors several times and far ahead as MONeT's ILP may (each on half the time).
+SETTINGS = SolveSettings(formulation=("compact", "general"), horizon=("auto", None), implementations=True, gap=1e-4)
 SAFE = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
         ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "scalar"), ("collections", "defaultdict"), ("builtins", "set"),
@@ -201,18 +210,20 @@ def replay_check(inst: Instance) -> dict:
             "peak_at": replay.peak_at, "notes": notes}
 
 
-def solve_instance(inst: Instance, time_limit: float) -> dict:
-    """monet's compact solve of the converted instance: objective and bound in 0.01 ms, or what failed."""
-    from monet.solver import SolveSettings, solve
+def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = EFFORT) -> dict:
+    """monet's solve of the converted instance (SETTINGS): objective and bound in 0.01 ms, or what failed."""
+    from monet.solver import solve
 
     from .monet_convert import UNIT, budget_bytes, convert
 
     converted = convert(inst)
     began = time.perf_counter()
-    record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit}
+    settings = SETTINGS.but(time_limit=time_limit, heuristic_effort=heuristic_effort)
+    record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit,
+              "heuristic_effort": heuristic_effort, "formulation": ",".join(settings.formulation),
+              "horizon": ",".join(str(h).lower() for h in settings.horizon)}
     try:
-        sol = solve(converted.problem, budget_bytes(inst),
-                    SolveSettings(formulation="compact", implementations=True, time_limit=time_limit, gap=1e-4))
+        sol = solve(converted.problem, budget_bytes(inst), settings)
     except Exception as exc:  # an infeasible or failed solve is a result to report
         record.update(status=type(exc).__name__, message=str(exc)[:300], seconds=time.perf_counter() - began)
         return record
@@ -236,8 +247,8 @@ def table(folder: Path, solves: dict | None = None) -> str:
     solves = solves or {}
     rows = ["| model | batch | budget (GB) | nodes (fwd / stages) | Gurobi 24 h objective | Gurobi bound | "
             "Gurobi's run | Gurobi's schedule replayed (vs objective; peak / budget) | "
-            "monet 60 s: objective (vs Gurobi), bound, status, s | monet 300 s: objective (vs Gurobi), bound, "
-            "status, s |",
+            "monet 60 s: objective (vs Gurobi), bound, status, s, heuristic effort, formulations | "
+            "monet 300 s: the same |",
             "|---|---|---|---|---|---|---|---|---|---|"]
 
     def text(value: float | None) -> str:
@@ -247,11 +258,12 @@ def table(folder: Path, solves: dict | None = None) -> str:
         rec = solves.get((inst.model, inst.budget_gb, limit))
         if rec is None:
             return "not run"
+        effort = f", effort {rec.get('heuristic_effort', HIGHS_EFFORT):g}, {rec.get('formulation', 'compact')}"
         if "objective" not in rec:
-            return f"{rec['status']} after {rec['seconds']:.0f} s"
+            return f"{rec['status']} after {rec['seconds']:.0f} s{effort}"
         versus = f" ({rec['objective'] / reference - 1:+.2%})" if reference else ""
         return (f"{text(rec['objective'])}{versus}, {text(rec['bound'])}, {rec['status']}, "
-                f"{rec['seconds']:.0f}")
+                f"{rec['seconds']:.0f}{effort}")
 
     for inst in instances(folder):
         log = log_of(inst, folder)
@@ -274,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--solve", type=float, action="append", default=[], help="solve at this time limit (s)")
     parser.add_argument("--only", default="", help="comma-separated models (vgg16, un, googlenet)")
     parser.add_argument("--budgets", default="", help="comma-separated budgets (GB)")
+    parser.add_argument("--heuristic-effort", type=float, default=EFFORT,
+                        help=f"HiGHS's mip_heuristic_effort for the solves (default {EFFORT:g})")
     parser.add_argument("--deadline", type=float, default=None, help="start no solve after this many seconds")
     args = parser.parse_args(argv)
     began = time.perf_counter()
@@ -285,15 +299,17 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             if args.deadline is not None and time.perf_counter() - began > args.deadline:
                 break
-            record = solve_instance(inst, limit)
+            record = solve_instance(inst, limit, args.heuristic_effort)
             print(json.dumps(record), flush=True)
             with args.solves.open("a") as file:
                 file.write(json.dumps(record) + "\n")
     text = ("# MONeT's published instances: Gurobi's 24 h results and monet's\n\n"
             f"Written by `python -m benchmarks.monet_instances` from {args.folder.name}/ and the solves recorded in "
             f"{args.solves.name} (units: MONeT's 0.01 ms). Gurobi ran MONeT's ILP 24 h on 12 threads (P100 "
-            "profile); monet solves the converted instance (benchmarks/monet_convert.py) with its compact "
-            "formulation and implementation choices, on this machine's shared cores. \"Gurobi's schedule "
+            "profile); monet solves the converted instance (benchmarks/monet_convert.py) with implementation "
+            "choices, on this machine's shared cores, with the formulations each cell names (compact; or compact, "
+            "then general from its schedule with unbounded horizon, each on half the time) and HiGHS's heuristic "
+            "effort. \"Gurobi's schedule "
             "replayed\" is Gurobi's own solution converted to a monet schedule and replayed in monet's "
             "simulator: its step time against Gurobi's objective, and its peak over the budget. monet's bound "
             "is for its own formulation, not MONeT's (README, \"MONeT's instances\").\n\n"
