@@ -96,8 +96,6 @@ class Compact(Formulation):
             for k in range(a + 1, b + 1):
                 milp.add_row([(P(o, k - 1), 1.0), (P(o, k), -1.0)], 0.0)
             impls = self.problem.ops[o].impls
-            if any(impl.inputs != impls[0].inputs or not impl.runs for impl in impls):
-                raise ValueError(f"op {self.problem.ops[o].name!r} reruns, so all its options must read the same")
             end = [(P(o, b), 1.0)]
             for j, impl in enumerate(impls):  # rerun time, as the op runs under the chosen option
                 self._rerun_times += [(var, impl.recompute_time) for var, _ in self._both(end, self._option(o, j))]

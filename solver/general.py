@@ -77,8 +77,6 @@ class General(Formulation):
                 milp.add_row([(var, 1.0)] + [(v, -c) for j in runs for v, c in self._option(producer, j)], 0.0)
         for o in self.window:
             impls = problem.ops[o].impls
-            if any(impl.inputs != impls[0].inputs or not impl.runs for impl in impls):
-                raise ValueError(f"op {problem.ops[o].name!r} reruns, so all its options must read the same")
             if all(impl.recomputable for impl in impls):
                 continue
             allowed = [(v, -c) for j, impl in enumerate(impls) if impl.recomputable for v, c in self._option(o, j)]
