@@ -160,7 +160,7 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     the best schedule so far, and returns the last, which is never slower.
     The solver starts from the fastest of Chen's greedy schedules that fits, with ops run as
     PyTorch runs them or in their leanest way, or from `start` (a schedule of this problem) where
-    that fits and is faster (compact formulation); when it chooses implementations it first
+    that fits and is faster; when the compact formulation chooses implementations it first
     solves checkpointing alone on a third of the time limit and starts from that. It stops when the
     predicted step time is proven within `gap` (relative) of the best possible in the formulation,
     or at `time_limit` seconds with the best schedule found and its proven gap. Same input, same
