@@ -23,7 +23,7 @@ GRACE = 0.5  # seconds a cancelled HiGHS gets to stop before KeyboardInterrupt i
 
 @dataclass(frozen=True)
 class MilpResult:
-    status: str  # "optimal", "time_limit", "infeasible", or HiGHS's model status in words
+    status: str  # "optimal", "time_limit", "target" (a solution reached `target`), "infeasible", or HiGHS's own words
     values: np.ndarray | None  # every variable by index, or None without a solution
     objective: float
     bound: float
@@ -80,13 +80,14 @@ class Milp:
 
     def solve(self, *, time_limit: float, seed: int = 0, mip_rel_gap: float = 1e-4, abs_gap: float = 0.0,
               heuristic_effort: float = 0.05, warm: dict[int, float] | None = None, verbose: bool = False,
-              relax: bool = False,
+              relax: bool = False, target: float | None = None,
               progress: Callable[[float, float], None] | None = None) -> MilpResult:
         """Minimise the cost; stop when proven within `mip_rel_gap` (relative) or `abs_gap` (in
         cost units) of the optimum. `warm` fixes binaries to a known solution first (an LP, quick);
         if that solution is feasible HiGHS starts from it, so the time limit returns at least it.
         `heuristic_effort` is HiGHS's `mip_heuristic_effort` (0 to 1, see SolveSettings).
-        `relax` solves the LP relaxation instead (binaries anywhere in [0, 1]).
+        `relax` solves the LP relaxation instead (binaries anywhere in [0, 1]). `target` stops
+        the search at the first solution that costs at most that (HiGHS's `objective_target`).
         `progress(objective, bound)` is called every TICK seconds while HiGHS runs, from this
         thread, with the cost of the best solution found so far (inf before the first) and the
         proven lower bound (-inf before the first). Ctrl-C (KeyboardInterrupt) cancels HiGHS and
@@ -116,7 +117,7 @@ class Milp:
                                for b in binary]
         start = time.perf_counter()
 
-        def run(col_lower: np.ndarray, col_upper: np.ndarray, solution=None):
+        def run(col_lower: np.ndarray, col_upper: np.ndarray, solution=None, target: float = -np.inf):
             """One HiGHS run within what is left of the time limit, from `solution` if given."""
             lp.col_lower_, lp.col_upper_ = col_lower, col_upper
             highs = highspy.Highs()
@@ -124,7 +125,8 @@ class Milp:
             for name, value in (("time_limit", max(1.0, time_limit - (time.perf_counter() - start))),
                                 ("random_seed", int(seed)), ("mip_rel_gap", float(mip_rel_gap)),
                                 ("mip_abs_gap", float(abs_gap)),
-                                ("mip_heuristic_effort", float(heuristic_effort))):
+                                ("mip_heuristic_effort", float(heuristic_effort)),
+                                ("objective_target", float(target))):
                 highs.setOptionValue(name, value)
             highs.passModel(lp)
             best = _Best()
@@ -146,7 +148,7 @@ class Milp:
             if first.getModelStatus() == highspy.HighsModelStatus.kOptimal:
                 seeded, warm_state = first.getSolution(), "accepted"
                 warm_objective = float(cost @ np.asarray(seeded.col_value))
-        highs, best = run(lower, upper, seeded)
+        highs, best = run(lower, upper, seeded, -np.inf if target is None else target)
         seconds = time.perf_counter() - start
         status = highs.getModelStatus()
         name = _STATUS_NAMES.get(status.name, highs.modelStatusToString(status).lower())
@@ -165,11 +167,12 @@ class Milp:
         if name != "optimal":  # stopped early (in presolve, say), HiGHS's info can state a bound it never proved
             bound = min(bound, best.bound)
             gap = (objective_value - bound) / max(abs(objective_value), 1e-12)
-        return MilpResult("optimal" if name == "optimal" else "time_limit", values, objective_value, bound, gap,
+        return MilpResult(name if name in ("optimal", "target") else "time_limit", values, objective_value, bound, gap,
                           seconds, warm_state, warm_objective)
 
 
-_STATUS_NAMES = {"kOptimal": "optimal", "kInfeasible": "infeasible", "kTimeLimit": "time_limit"}
+_STATUS_NAMES = {"kOptimal": "optimal", "kInfeasible": "infeasible", "kTimeLimit": "time_limit",
+                 "kObjectiveTarget": "target"}
 
 
 class _Best:
@@ -240,7 +243,7 @@ class MemoryLimit:
             self.limit = None
         else:
             self.peak = None
-            self.limit = budget * (1 - SLACK) / self.unit
+            self.limit = self.units(budget)
 
     def add(self, terms: list[tuple[int, float]], fixed_bytes: float) -> None:
         """Row for one point in time; term coefficients are bytes."""
@@ -253,6 +256,10 @@ class MemoryLimit:
     def add_time(self, var: int, seconds: float) -> None:
         """Objective term: time spent when `var` is 1. Only a tie-breaker when minimising the peak."""
         self.milp.add_cost(var, seconds * (1e3 if self.peak is None else 1e-9))
+
+    def units(self, budget: int) -> float:
+        """`budget` bytes as a peak in units: the peak objective that least_budget maps within it."""
+        return budget * (1 - SLACK) / self.unit
 
     def least_budget(self, peak_units: float) -> int:
         """The smallest budget that admits a peak of `peak_units` under this row scaling."""

@@ -160,7 +160,8 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     the best schedule so far, and returns the last, which is never slower.
     The solver starts from the fastest of Chen's greedy schedules that fits, with ops run as
     PyTorch runs them or in their leanest way, or from `start` (a schedule of this problem) where
-    that fits and is faster; when the compact formulation chooses implementations it first
+    that fits and is faster; where none fits, from the first schedule that a least-peak search
+    finds within the budget (on up to half the time left); when the compact formulation chooses implementations it first
     solves checkpointing alone on a third of the time limit and starts from that. It stops when the
     predicted step time is proven within `gap` (relative) of the best possible in the formulation,
     or at `time_limit` seconds with the best schedule found and its proven gap. Same input, same
@@ -244,10 +245,11 @@ class _NoSchedule(Exception):
 
 
 def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
-           baseline: tuple[Schedule, Replay], *, explain: bool, label: str = "") -> Solution:
+           baseline: tuple[Schedule, Replay], *, explain: bool, label: str = "", seek: bool = True) -> Solution:
     """`solve` at one horizon; `baseline` is keep_all(problem, settings.options) and its replay. An
     infeasible budget raises InfeasibleBudgetError stating the least peak when `explain`, else
-    _NoSchedule at once. Stages are reported to `progress` named after `label`."""
+    _NoSchedule at once. Where no schedule at hand fits and `seek`, a least-peak search finds
+    one first (see _first_within). Stages are reported to `progress` named after `label`."""
     began = time.perf_counter()
     options, time_limit = settings.options or {}, settings.time_limit
     baseline, baseline_replay = baseline
@@ -263,7 +265,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         try:
             alone = settings.but(formulation=kind, implementations=False, time_limit=time_limit / 3)
             given.append(_solve(problem, budget, alone, start, progress, (baseline, baseline_replay), explain=False,
-                                label=label + "checkpointing alone: ").schedule)
+                                label=label + "checkpointing alone: ", seek=False).schedule)
         except (_NoSchedule, SolverFailedError):
             pass
     # The best schedule so far (a start given, or checkpointing alone's) that the simulator finds within
@@ -271,9 +273,20 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     fitting = [(candidate, replay) for candidate in given
                for replay in [simulate(problem, candidate)] if replay.peak <= budget]
     incumbent = min(fitting, key=lambda pair: pair[1].time, default=None)
-    horizon, found = _start(posed, budget, _option_sets(posed, settings), settings.horizon,
-                            lambda *state: progress(label + "finding a starting schedule", *state),
-                            incumbent[0] if incumbent else None)
+    def start_from(incumbent):
+        return _start(posed, budget, _option_sets(posed, settings), settings.horizon,
+                      lambda *state: progress(label + "finding a starting schedule", *state),
+                      incumbent[0] if incumbent else None)
+
+    horizon, found = start_from(incumbent)
+    if seek and found is None and incumbent is None:
+        # No heuristic schedule fits, and HiGHS's own heuristics may find none in time: the least-peak
+        # search, stopped at its first schedule within the budget, gives the search one to start from.
+        incumbent = _first_within(problem, budget, settings.but(
+            time_limit=max(1.0, time_limit - (time.perf_counter() - began)) / 2), progress, label,
+            None if options else baseline_replay)
+        if incumbent:
+            horizon, found = start_from(incumbent)
     progress(label + "building the ILP", 0, None, "")
     formulation = _formulate(kind, posed, budget, settings, fixed, horizon)
     if kind == "compact" and incumbent and (found is None or incumbent[1].time < found.replay.time):
@@ -358,6 +371,20 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     status = ("heuristic" if replaced else "unverified") if warnings else result.status
     solution = _solution(schedule, replay, budget, formulation, status, objective, 0.0 if warnings else bound, began)
     return dataclasses.replace(solution, note=_with_warnings(note, warnings), warnings=tuple(warnings))
+
+
+def _first_within(problem: Problem, budget: int, settings: SolveSettings, progress: Progress, label: str,
+                  unconstrained: Replay | None) -> tuple[Schedule, Replay] | None:
+    """The first schedule (and its replay) that the least-peak search finds within `budget`, in
+    `settings.time_limit`; None if it finds none in time."""
+    stage = label + "a first schedule within the budget: "
+    try:
+        least = least_peak(problem, settings, target=budget, unconstrained=unconstrained,
+                           progress=lambda inner, *state: progress(stage + inner, *state))
+    except SolverFailedError:
+        return None
+    replay = simulate(problem, least.schedule) if least.schedule is not None else None
+    return (least.schedule, replay) if replay is not None and replay.peak <= budget else None
 
 
 TIME_TOLERANCE = 1e-5  # relative: HiGHS's price of a schedule and the simulator's step time agree within this
@@ -473,11 +500,11 @@ def _option_sets(posed: Problem, settings: SolveSettings) -> list[dict[str, str]
 
 
 def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progress: Progress | None = None,
-               unconstrained: Replay | None = None, **changes) -> LeastPeak:
+               unconstrained: Replay | None = None, target: int | None = None, **changes) -> LeastPeak:
     """The least budget (bytes) that the formulation can meet, as its memory rows count it, solving as
     `settings` with `changes` say (their gap does not apply: the least peak is sought until proven or
-    the time limit). `unconstrained`, the replay of keep_all(problem) where the caller has it, spares
-    simulating it again."""
+    the time limit, or with `target` (bytes) until a schedule within it is found). `unconstrained`,
+    the replay of keep_all(problem) where the caller has it, spares simulating it again."""
     settings = settings_of(settings, **changes)
     began, progress, time_limit = time.perf_counter(), progress or _quiet, settings.time_limit
     unconstrained = simulate(problem, keep_all(problem)) if unconstrained is None else unconstrained
@@ -488,10 +515,12 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
         # its least peak and keeps it if it finds none lower, so choosing implementations never ends higher.
         try:
             alone_settings = settings.but(formulation=kind, implementations=False, time_limit=time_limit / 3)
-            alone = least_peak(problem, alone_settings, unconstrained=unconstrained,
+            alone = least_peak(problem, alone_settings, unconstrained=unconstrained, target=target,
                                progress=lambda stage, *state: progress("checkpointing alone: " + stage, *state))
         except SolverFailedError:
             pass
+        if alone is not None and target is not None and alone.found <= target:
+            return alone
         time_limit = max(1.0, time_limit - (time.perf_counter() - began))
     incumbent = alone.schedule if alone and alone.schedule else None
     horizon, start = _start(posed, None, _option_sets(posed, settings), settings.horizon,
@@ -509,6 +538,7 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
     result = formulation.milp.solve(time_limit=time_limit, seed=settings.seed, verbose=settings.solver_log,
                                     heuristic_effort=settings.heuristic_effort,
                                     warm=formulation.warm_start(start.dropped, start.options) if start else None,
+                                    target=None if target is None else formulation.memory.units(target),
                                     progress=_watch(progress, "least peak: solving", began, time_limit, peak))
     # (peak, schedule): the heuristic schedule's peak stands if HiGHS does no better
     found = [(start.replay.peak, _unpose(start.schedule, posed, problem, fixed))] if start else []

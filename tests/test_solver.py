@@ -347,3 +347,19 @@ def test_heuristic_effort_changes_no_optimum_and_is_a_share():
     assert eager.replay.time == pytest.approx(default.replay.time, rel=1e-9)
     with pytest.raises(ValueError, match="heuristic_effort"):
         solve(p, budget, heuristic_effort=1.5)
+
+
+def test_a_budget_no_heuristic_schedule_meets_starts_from_the_least_peak_search():
+    """At 801 on a 12-op chain no heuristic schedule fits (they need 900): the least-peak search,
+    stopped at its first schedule within the budget, gives the ILP one to start from."""
+    p = chain(12)
+    least = least_peak(p, formulation="compact", time_limit=10)
+    assert least.found == 801 and least.sure == 900
+    first = least_peak(p, formulation="general", target=850, time_limit=10)
+    assert first.found <= 850 and simulate(p, first.schedule).peak <= 850
+    stages = []
+    solution = solve(p, 801, formulation="compact", time_limit=20,
+                     progress=lambda stage, *state: stages.append(stage))
+    assert any("a first schedule within the budget" in stage for stage in stages)
+    assert solution.status == "optimal" and solution.peak <= 801
+    validate(p, solution.schedule)
