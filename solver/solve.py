@@ -249,7 +249,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     """`solve` at one horizon; `baseline` is keep_all(problem, settings.options) and its replay. An
     infeasible budget raises InfeasibleBudgetError stating the least peak when `explain`, else
     _NoSchedule at once. Where no schedule at hand fits and `seek`, a least-peak search finds
-    one first (see _first_within). Stages are reported to `progress` named after `label`."""
+    one first (see _least_within). Stages are reported to `progress` named after `label`."""
     began = time.perf_counter()
     options, time_limit = settings.options or {}, settings.time_limit
     baseline, baseline_replay = baseline
@@ -279,13 +279,21 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
                       incumbent[0] if incumbent else None)
 
     horizon, found = start_from(incumbent)
+    sought = None  # the least-peak search's result, where it ran
     if seek and found is None and incumbent is None:
         # No heuristic schedule fits, and HiGHS's own heuristics may find none in time: the least-peak
-        # search, stopped at its first schedule within the budget, gives the search one to start from.
-        incumbent = _first_within(problem, budget, settings.but(
-            time_limit=max(1.0, time_limit - (time.perf_counter() - began)) / 2), progress, label,
+        # search, stopped at its first schedule within the budget, gives the search one to start from,
+        # or proves that none fits.
+        sought = _least_within(problem, budget, settings.but(
+            horizon=horizon, time_limit=max(1.0, time_limit - (time.perf_counter() - began)) / 2), progress, label,
             None if options else baseline_replay)
-        if incumbent:
+        if sought is not None and sought.bound > budget:
+            if not explain:
+                raise _NoSchedule
+            raise InfeasibleBudgetError(budget, sought, kind)
+        replay = simulate(problem, sought.schedule) if sought is not None and sought.schedule is not None else None
+        if replay is not None and replay.peak <= budget:
+            incumbent = (sought.schedule, replay)
             horizon, found = start_from(incumbent)
     progress(label + "building the ILP", 0, None, "")
     formulation = _formulate(kind, posed, budget, settings, fixed, horizon)
@@ -337,7 +345,8 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     if result.values is None:
         unconstrained = baseline_replay if not options else simulate(problem, keep_all(problem))
         try:
-            least = least_peak(problem, settings.but(horizon=horizon), progress=progress, unconstrained=unconstrained)
+            least = sought or least_peak(problem, settings.but(horizon=horizon), progress=progress,
+                                         unconstrained=unconstrained)
         except SolverFailedError:
             if result.status == "infeasible":
                 raise
@@ -373,18 +382,16 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     return dataclasses.replace(solution, note=_with_warnings(note, warnings), warnings=tuple(warnings))
 
 
-def _first_within(problem: Problem, budget: int, settings: SolveSettings, progress: Progress, label: str,
-                  unconstrained: Replay | None) -> tuple[Schedule, Replay] | None:
-    """The first schedule (and its replay) that the least-peak search finds within `budget`, in
-    `settings.time_limit`; None if it finds none in time."""
+def _least_within(problem: Problem, budget: int, settings: SolveSettings, progress: Progress, label: str,
+                  unconstrained: Replay | None) -> LeastPeak | None:
+    """The least-peak search, stopped at its first schedule within `budget`; None if it finds no
+    schedule at any budget in `settings.time_limit`."""
     stage = label + "a first schedule within the budget: "
     try:
-        least = least_peak(problem, settings, target=budget, unconstrained=unconstrained,
-                           progress=lambda inner, *state: progress(stage + inner, *state))
+        return least_peak(problem, settings, target=budget, unconstrained=unconstrained,
+                          progress=lambda inner, *state: progress(stage + inner, *state))
     except SolverFailedError:
         return None
-    replay = simulate(problem, least.schedule) if least.schedule is not None else None
-    return (least.schedule, replay) if replay is not None and replay.peak <= budget else None
 
 
 TIME_TOLERANCE = 1e-5  # relative: HiGHS's price of a schedule and the simulator's step time agree within this
