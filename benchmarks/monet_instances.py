@@ -15,10 +15,10 @@ monet's solves of the converted instance, from the records in monet-instances-so
 
     python -m benchmarks.monet_instances --solve 60 [--solve 300] [--only vgg16] [--deadline S]
 
-solves each instance (SETTINGS: the compact formulation, then the general one from its schedule,
-implementation choices on, gap 1e-4; HiGHS's heuristic effort 1 unless --heuristic-effort says
-otherwise) at each time
-limit and appends one record per solve to that file (a rerun replaces an instance's record at the
+solves each instance (SETTINGS: the compact formulation, then the general one from its schedule
+with reruns at most 40 stages ahead, then unbounded; implementation choices on, gap 1e-4; HiGHS's
+heuristic effort 1 unless --heuristic-effort says otherwise) at each time limit and appends one
+record per solve to that file (a rerun replaces an instance's record at the
 same limit); --deadline stops starting new solves after S seconds.
 """
 
@@ -44,8 +44,11 @@ LOGS = {"vgg16": "monet_vgg16_icmn_176_{budget}.out", "un": "monet_unet_icmn_11_
 HIGHS_EFFORT = 0.05  # HiGHS's own mip_heuristic_effort: the solves recorded before the setting existed
 EFFORT = 1.0  # what the solves here use: the time limit cuts every UNet solve, where effort finds better schedules
 # The compact formulation chooses what to keep and how ops run; the general one, unbounded, started from its
-# schedule, reruns tensors several times and far ahead as MONeT's ILP may (each on half the time).
-SETTINGS = SolveSettings(formulation=("compact", "general"), horizon=("auto", None), implementations=True, gap=1e-4)
+# schedule, reruns tensors several times as MONeT's ILP may: first at most 40 stages ahead (a third of the
+# unbounded formulation's size on UNet: it proves UNet 9 GB optimal), then at any distance (VGG-16 7 GB needs
+# it); each rung on a third of the time.
+SETTINGS = SolveSettings(formulation=("compact", "general", "general"), horizon=("auto", 40, None),
+                         implementations=True, gap=1e-4)
 SAFE = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
         ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "scalar"), ("collections", "defaultdict"), ("builtins", "set"),
@@ -243,6 +246,15 @@ def read_solves(path: Path) -> dict[tuple[str, float, float], dict]:
     return records
 
 
+def _rungs(record: dict) -> str:
+    """A solve's formulations, each with its horizon where the ladder had more than two rungs."""
+    formulations = record.get("formulation", "compact").split(",")
+    horizons = record.get("horizon", "").split(",")
+    if len(formulations) <= 2 or len(horizons) != len(formulations):
+        return ",".join(formulations)  # as the solves recorded before horizons were named in cells
+    return ",".join(f"{f} ({h})" for f, h in zip(formulations, horizons, strict=True))
+
+
 def table(folder: Path, solves: dict | None = None) -> str:
     solves = solves or {}
     rows = ["| model | batch | budget (GB) | nodes (fwd / stages) | Gurobi 24 h objective | Gurobi bound | "
@@ -258,7 +270,7 @@ def table(folder: Path, solves: dict | None = None) -> str:
         rec = solves.get((inst.model, inst.budget_gb, limit))
         if rec is None:
             return "not run"
-        effort = f", effort {rec.get('heuristic_effort', HIGHS_EFFORT):g}, {rec.get('formulation', 'compact')}"
+        effort = f", effort {rec.get('heuristic_effort', HIGHS_EFFORT):g}, {_rungs(rec)}"
         if "objective" not in rec:
             return f"{rec['status']} after {rec['seconds']:.0f} s{effort}"
         versus = f" ({rec['objective'] / reference - 1:+.2%})" if reference else ""
@@ -308,7 +320,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.solves.name} (units: MONeT's 0.01 ms). Gurobi ran MONeT's ILP 24 h on 12 threads (P100 "
             "profile); monet solves the converted instance (benchmarks/monet_convert.py) with implementation "
             "choices, on this machine's shared cores, with the formulations each cell names (compact; or compact, "
-            "then general from its schedule with unbounded horizon, each on half the time) and HiGHS's heuristic "
+            "then general from its schedule with the horizons each cell names, each on an equal share of the time) "
+            "and HiGHS's heuristic "
             "effort. \"Gurobi's schedule "
             "replayed\" is Gurobi's own solution converted to a monet schedule and replayed in monet's "
             "simulator: its step time against Gurobi's objective, and its peak over the budget. monet's bound "
