@@ -36,6 +36,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from monet.errors import MonetError
 from monet.schedules import AUTOCAST_DTYPES, Inputs
 
+from .causal_masks import fold_causal_masks
 from .example import Example
 
 
@@ -78,6 +79,7 @@ class TracedStep:
             with _compiling(), _autocast(self.device, autocast):
                 self._joint = aot_export_joint_with_descriptors(self._stack, model, self.example.args,
                                                                 self.example.kwargs)
+            fold_causal_masks(self._joint.graph_module)
         except Exception as exc:
             self._stack.close()
             reason = _explain(exc)

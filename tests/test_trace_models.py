@@ -14,6 +14,7 @@ from torch import nn
 import monet
 from monet import MONeTWrapper
 from monet.graph import InputSpec, TracedStep, TraceError, analyze
+from monet.graph.causal_masks import is_causal_mask
 from monet.training import compare_training
 
 transformers = pytest.importorskip("transformers")
@@ -212,3 +213,36 @@ def test_other_errors_pass_through_with_the_model_and_input():
     assert message.startswith("could not trace the training step of InPlace at input (2, 5) float32: RuntimeError: ")
     assert "a and b must have same reduction dim, but got [2, 5] X [4, 4]" in message
     assert "control flow" not in message and "in-place" not in message
+
+
+def test_llamas_constant_causal_mask_becomes_is_causal():
+    """Traced, Llama (without the cache) builds its causal mask from position ids, where eager checks
+    them and calls SDPA with is_causal=True; the mask is a constant of the graph, so the trace folds
+    it into is_causal as eager runs, and nothing in the graph makes a mask any more."""
+    with TracedStep(LlamaLM(use_cache=False), InputSpec(SHAPE, "int64")) as step:
+        graph = step.graph_module.graph
+        attention = [n for n in graph.nodes if n.op == "call_function" and "attention" in str(n.target)]
+        assert len(attention) == 2 * LLAMA["num_hidden_layers"]  # forward and backward of each layer
+        for node in attention:
+            schema = [a.name for a in node.target._schema.arguments]
+            causal = node.kwargs.get("is_causal", node.args[schema.index("is_causal")]
+                                     if len(node.args) > schema.index("is_causal") else None)
+            assert node.kwargs.get("attn_mask") is None and causal is True, node.format_node()
+        assert not [n for n in graph.nodes if n.target in (torch.ops.aten.where.self, torch.ops.aten.cumsum.default)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32, torch.bfloat16])
+def test_only_the_causal_mask_counts_as_causal(dtype):
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril().expand(2, 1, 6, 6)
+    if dtype == torch.bool:
+        mask = allowed
+    else:
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    assert is_causal_mask(mask)
+    padded = mask.clone()
+    padded[0, 0, :, 0] = padded[0, 0, 0, 1]  # one sequence's first token masked (padding)
+    assert not is_causal_mask(padded)
+    assert not is_causal_mask(mask[..., :5])  # not square: no upper-left causal mask
+    if dtype != torch.bool:
+        assert is_causal_mask(torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, float("-inf")))
+        assert not is_causal_mask(mask + 1)
