@@ -1,6 +1,6 @@
 """Causal attention masks that are constants of the graph become SDPA's own `is_causal`.
 
-Eager transformers models (Llama, GPT-2, ...) drop their causal mask and call SDPA with
+Eager transformers models (Llama, for one) drop their causal mask and call SDPA with
 `is_causal=True` after checking, on the values of the position ids, that the batch packs one
 sequence per row. A traced step cannot read values, so the traced model builds the mask
 (batch x 1 x L x L, float) and every attention layer keeps one for its backward: memory eager
@@ -17,26 +17,33 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.node import map_arg
 
-aten = torch.ops.aten
 
-
-def _mask_argument(node: torch.fx.Node) -> tuple[torch.fx.Node, int | None] | None:
-    """(the mask node, the position of `is_causal` among the positional arguments, None: a keyword)
-    of an attention op whose schema takes both `attn_mask` and `is_causal`; None otherwise."""
+def _mask_argument(node: torch.fx.Node) -> tuple[torch.fx.Node, list[str]] | None:
+    """(the mask node, the schema's argument names) of an attention op whose schema takes both
+    `attn_mask` and `is_causal`, called with a mask; None otherwise."""
     schema = getattr(node.target, "_schema", None)
     if node.op != "call_function" or schema is None:
         return None
     names = [a.name for a in schema.arguments]
     if "attn_mask" not in names or "is_causal" not in names:
         return None
-    mask = node.kwargs.get("attn_mask")
-    position = names.index("attn_mask")
-    if mask is None and len(node.args) > position:
-        mask = node.args[position]
-    if not isinstance(mask, torch.fx.Node):
-        return None
-    causal = names.index("is_causal")
-    return mask, causal if causal < len(node.args) else None
+    mask = _argument(node, names, "attn_mask")
+    return (mask, names) if isinstance(mask, torch.fx.Node) else None
+
+
+def _argument(node: torch.fx.Node, names: list[str], name: str):
+    """The argument `name` of `node`, given by position or keyword (None if not given)."""
+    position = names.index(name)
+    return node.args[position] if position < len(node.args) else node.kwargs.get(name)
+
+
+def _set_argument(node: torch.fx.Node, names: list[str], name: str, value) -> None:
+    """Give `node` the argument `name` as `value`, where it was given (by position, else by keyword)."""
+    position = names.index(name)
+    if position < len(node.args):
+        node.args = node.args[:position] + (value,) + node.args[position + 1:]
+    else:
+        node.kwargs = {**node.kwargs, name: value}
 
 
 def _constant_ancestry(node: torch.fx.Node) -> list[torch.fx.Node] | None:
@@ -87,7 +94,7 @@ def fold_causal_masks(gm: torch.fx.GraphModule) -> int:
         found = _mask_argument(node)
         if found is None:
             continue
-        mask, causal_at = found
+        mask, names = found
         if mask not in verdicts:
             ancestry = _constant_ancestry(mask)
             with unset_fake_temporarily():  # the trace's fake mode: these run on real tensors
@@ -95,16 +102,8 @@ def fold_causal_masks(gm: torch.fx.GraphModule) -> int:
             dropped.update(ancestry or ())
         if not verdicts[mask]:
             continue
-        args, kwargs = list(node.args), dict(node.kwargs)
-        kwargs.pop("attn_mask", None)
-        names = [a.name for a in node.target._schema.arguments]
-        if len(args) > names.index("attn_mask"):
-            args[names.index("attn_mask")] = None
-        if causal_at is None:
-            kwargs["is_causal"] = True
-        else:
-            args[causal_at] = True
-        node.args, node.kwargs = tuple(args), kwargs
+        _set_argument(node, names, "attn_mask", None)
+        _set_argument(node, names, "is_causal", True)
         rewritten += 1
     for node in reversed([n for n in gm.graph.nodes if n in dropped]):  # the masks' ops nothing reads any more
         if not node.users:

@@ -161,10 +161,11 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     The solver starts from the fastest of Chen's greedy schedules that fits, with ops run as
     PyTorch runs them or in their leanest way, or from `start` (a schedule of this problem) where
     that fits and is faster; where none fits, from the first schedule that a least-peak search
-    finds within the budget (on up to half the time left); when the compact formulation chooses implementations it first
-    solves checkpointing alone on a third of the time limit and starts from that. It stops when the
-    predicted step time is proven within `gap` (relative) of the best possible in the formulation,
-    or at `time_limit` seconds with the best schedule found and its proven gap. Same input, same
+    finds within the budget (on up to half the time left); when the compact formulation chooses
+    implementations it first solves checkpointing alone on a third of the time limit and starts
+    from that. It stops when the predicted step time is proven within `gap` (relative) of the best
+    possible in the formulation, or at `time_limit` seconds with the best schedule found and its
+    proven gap. Same input, same
     seed: same schedule, unless the time limit cuts the search.
     When the search finds no schedule in time but a heuristic one fits, that one is returned
     (status "heuristic", with a `note` on what would help). The simulator judges HiGHS's answer:

@@ -1,11 +1,11 @@
 """DistributedDataParallel around MONeTWrapper: two processes over gloo on 127.0.0.1 (CPU), spawned
 here and bounded in time. Each rank runs the schedule solved for its shard of the batch; DDP's
 all-reduce (in several buckets) and `no_sync` gradient accumulation give the gradients of one
-process on the whole batch, and each rank's peak is its predicted one (measured here: +2.3 %, of
-which DDP's own 64 KiB; one process on the shard measured -1.0 %) at 0.51 of plain DDP's. The
-first synchronised step after no_sync measured 22.6 % over the prediction, about the gradients'
-bytes more: DDP rebuilds its buckets then, in the order the gradients arrived (PyTorch's
-documented behaviour; not isolated further), so the meter reads a later step."""
+process on the whole batch, and each rank's peak is its predicted one (measured here: +2.3 %; one
+process on the shard measured -1.0 %, 64 KiB less) at 0.51 of plain DDP's. The first
+synchronised step after no_sync measured 22.6 % over the prediction, about the gradients' bytes
+more (DDP rebuilding its buckets then, in the order the gradients arrived, is the likely cause; not
+isolated), so the meter reads a later step."""
 
 import copy
 import socket
