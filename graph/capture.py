@@ -37,6 +37,7 @@ from monet.errors import MonetError
 from monet.schedules import AUTOCAST_DTYPES, Inputs
 
 from .causal_masks import fold_causal_masks
+from .dropout_scale import match_eager_dropout
 from .example import Example
 
 
@@ -76,10 +77,11 @@ class TracedStep:
         was_training = model.training
         model.train()
         try:
-            with _compiling(), _autocast(self.device, autocast):
+            with _compiling(), _autocast_forward(model, self.device, autocast):
                 self._joint = aot_export_joint_with_descriptors(self._stack, model, self.example.args,
                                                                 self.example.kwargs)
             fold_causal_masks(self._joint.graph_module)
+            match_eager_dropout(self._joint.graph_module)
         except Exception as exc:
             self._stack.close()
             reason = _explain(exc)
@@ -137,13 +139,29 @@ def inductor_compile(graph_module: torch.fx.GraphModule, example_inputs):
         return compile_fx_inner(decomposed, example_inputs)
 
 
-def _autocast(device: torch.device, dtype: str | None):
-    """torch.autocast on `device` at `dtype`, or (None) autocast off, whatever the caller has on."""
+@contextlib.contextmanager
+def _autocast_forward(model: nn.Module, device: torch.device, dtype: str | None):
+    """torch.autocast on `device` at `dtype` inside `model`'s forward only, and off elsewhere,
+    whatever the caller has on: as in eager's recipe (forward under autocast, `backward()`
+    outside), the joint trace's backward runs without autocast. Traced under autocast, the
+    backward's float32 matmuls were cast to `dtype` (SDPA's math path on CPU: GPT-2's gradients
+    drifted 2.5e-3 from eager's through its attention alone)."""
     if dtype is not None and dtype not in AUTOCAST_DTYPES:
         raise ValueError(f"autocast={dtype!r}: use one of {', '.join(AUTOCAST_DTYPES)}, or None")
-    if dtype is None:
-        return torch.autocast(device.type, enabled=False)
-    return torch.autocast(device.type, dtype=getattr(torch, dtype))
+    entered: list[torch.autocast] = []
+
+    def enter(_module, _args, _kwargs):
+        entered.append(torch.autocast(device.type, dtype=getattr(torch, dtype)))
+        entered[-1].__enter__()
+
+    def leave(_module, _args, _kwargs, _output):
+        entered.pop().__exit__(None, None, None)
+
+    with torch.autocast(device.type, enabled=False), contextlib.ExitStack() as hooks:
+        if dtype is not None:
+            hooks.callback(model.register_forward_pre_hook(enter, with_kwargs=True).remove)
+            hooks.callback(model.register_forward_hook(leave, with_kwargs=True, always_call=True).remove)
+        yield
 
 
 def _compiling():

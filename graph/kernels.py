@@ -83,14 +83,14 @@ def dropout_rerun(x: torch.Tensor, p: float, train: bool | None, state: torch.Te
         return torch.ops.aten.native_dropout.default(x, p, train)
 
 
-def dropout_backward_replay(grad: torch.Tensor, state: torch.Tensor, p: float) -> torch.Tensor:
-    """native_dropout_backward with the mask drawn again from the generator state the forward
-    dropout started from: native_dropout's mask depends only on that state, the shape and the
-    dtype, so it is the same mask, and the generator is left as it was."""
+def dropout_backward_replay(grad: torch.Tensor, state: torch.Tensor, p: float, scale: float) -> torch.Tensor:
+    """native_dropout_backward(grad, keep, scale) with the mask drawn again from the generator state
+    the forward dropout started from: native_dropout's mask depends only on that state, the shape and
+    the dtype, so it is the same mask, and the generator is left as it was."""
     with _generator_at(state, grad.device):
         _, keep = torch.ops.aten.native_dropout.default(torch.empty(grad.shape, dtype=grad.dtype,
                                                                     device=grad.device), p, True)
-    return torch.ops.aten.native_dropout_backward.default(grad, keep, 1.0 / (1.0 - p))
+    return torch.ops.aten.native_dropout_backward.default(grad, keep, scale)
 
 
 def pool_offsets(indices: torch.Tensor, input_hw: tuple[int, int], kernel: tuple[int, int],

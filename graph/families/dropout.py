@@ -49,7 +49,8 @@ class DropoutMask(BackwardFromCompact):
         found = super().measure(site, node, node_args, value, device)
         grad = node_args[0]
         t_new, ws_new, state = measure_call(lambda: kernels.rng_state(grad), device)
-        t_alt, ws_alt, _ = measure_call(lambda: kernels.dropout_backward_replay(grad, state, site.params[1]), device)
+        scale, p = site.params
+        t_alt, ws_alt, _ = measure_call(lambda: kernels.dropout_backward_replay(grad, state, p, scale), device)
         return {**found, self.options[2]: Measured((t_new, ws_new), (t_alt, ws_alt), self._state(site, device))}
 
     def shapes(self, site, node, fake_mode):
@@ -86,6 +87,6 @@ class DropoutMask(BackwardFromCompact):
         dropout.meta[RERUN] = (kernels.dropout_rerun, (state,))
         backward = nodes[site.nodes[1]]
         backward.target = kernels.dropout_backward_replay
-        backward.args = (backward.args[0], state, site.params[1])
+        backward.args = (backward.args[0], state, site.params[1], site.params[0])
         backward.kwargs = {}
         return [state]
