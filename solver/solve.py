@@ -22,6 +22,7 @@ from .stages import Stages
 FORMULATIONS = ("auto", "compact", "general")
 GENERAL_UP_TO = 40  # forward ops; "auto" poses smaller problems without choices to make in the general formulation
 HORIZONS = (None, 120, 80, 60, 40, 30, 20, 15, 10)
+START_SHARE = 0.1  # of a solve's time limit: lengthening the horizon for a heuristic start stops past it
 RERUN_SLOTS = 2100  # "auto" horizon: the longest one whose (op, stage) rerun pairs stay within this
 
 # progress(stage, done, total, detail): what the solver is doing, for a progress display. `total` is
@@ -76,11 +77,12 @@ def _fixed(problem: Problem, settings: SolveSettings) -> dict[str, str]:
 
 def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]], horizon: int | None | str,
            report: Callable[[float, float | None, str], None] = lambda *_: None,
-           incumbent: Schedule | None = None) -> tuple[int | None, Start | None]:
+           incumbent: Schedule | None = None, until: float | None = None) -> tuple[int | None, Start | None]:
     """The horizon to pose the formulation with, and the heuristic schedule to start from (see warm_starts).
-    An "auto" horizon that admits no heuristic schedule within the budget is lengthened until one does,
-    and then until it admits `incumbent` (the best schedule so far, of `posed`'s ids: a longer solve
-    starts from it). `report(done, total, detail)` hears of each horizon tried."""
+    An "auto" horizon that admits no heuristic schedule within the budget is lengthened until one does
+    (or, past `until`, a time.perf_counter() deadline, no longer: each try simulates hundreds of schedules,
+    and the solver needs the time), and then until it admits `incumbent` (the best schedule so far, of
+    `posed`'s ids: a longer solve starts from it). `report(done, total, detail)` hears of each horizon tried."""
     if horizon != "auto":
         report(0, None, "")
         return horizon, warm_starts(posed, budget, option_sets, horizon)
@@ -90,6 +92,9 @@ def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]]
     found = warm_starts(posed, budget, option_sets, chosen)
     for tried, horizon in enumerate(longer, 1):
         if found:
+            break
+        if until is not None and time.perf_counter() > until:
+            report(tried, 1 + len(longer), f"none fits with {_horizon_text(chosen)}; no time left to try longer ones")
             break
         report(tried, 1 + len(longer), f"none fits with {_horizon_text(chosen)}; trying {_horizon_text(horizon)}")
         found = warm_starts(posed, budget, option_sets, horizon)
@@ -277,7 +282,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     def start_from(incumbent):
         return _start(posed, budget, _option_sets(posed, settings), settings.horizon,
                       lambda *state: progress(label + "finding a starting schedule", *state),
-                      incumbent[0] if incumbent else None)
+                      incumbent[0] if incumbent else None, time.perf_counter() + START_SHARE * time_limit)
 
     horizon, found = start_from(incumbent)
     sought = None  # the least-peak search's result, where it ran

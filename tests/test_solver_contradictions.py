@@ -5,12 +5,13 @@ problem's, a start that is no integral solution), and the simulator, which judge
 times, must catch them."""
 
 import importlib
+import time
 
 import pytest
 from synthetic import chain, random_dag
 
 from monet.solver import keep_all, least_peak, simulate, solve, validate
-from monet.solver.heuristics import recompute_at_first_need
+from monet.solver.heuristics import recompute_at_first_need, warm_starts
 from monet.solver.stages import Stages
 
 solve_module = importlib.import_module("monet.solver.solve")
@@ -81,6 +82,21 @@ def test_an_auto_horizon_is_lengthened_to_admit_the_best_schedule_so_far():
     assert horizon is not None and (horizon > auto)
     plain, _ = solve_module._start(p, None, [{}], "auto")
     assert plain == auto  # without an incumbent nothing changes
+
+
+def test_lengthening_the_horizon_for_a_start_stops_at_its_deadline():
+    """Where no heuristic schedule fits, each longer horizon tried simulates hundreds of schedules
+    (seconds on a 700-op bfloat16 transformer, most of a 30 s solve before this deadline)."""
+    p = chain(80)
+    budget = warm_starts(p, None, [{}], None).replay.peak - 1  # no heuristic schedule fits at any horizon
+    auto = solve_module.auto_horizon(p)
+    tried = []
+    horizon, found = solve_module._start(p, budget, [{}], "auto", lambda *state: tried.append(state[-1]))
+    assert found is None and len(tried) == solve_module.HORIZONS.index(auto) + 1  # every longer one tried
+    tried.clear()
+    horizon, found = solve_module._start(p, budget, [{}], "auto", lambda *state: tried.append(state[-1]),
+                                         until=time.perf_counter())
+    assert found is None and horizon == auto and len(tried) == 2 and "no time left" in tried[-1]
 
 
 # ---- item 1b: contradictions reported, not trusted -----------------------------------------------
