@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 from monet.graph import (
     Example,
@@ -79,7 +80,7 @@ class MONeTWrapper(nn.Module):
             plan = ExecutionPlan.build(analysis, problem, schedule)
             run = step.compile(make_partition(plan, lambda fw, bw: graphs.update(forward=fw, backward=bw)),
                                inductor=self._compile)
-            return _Step(schedule_file, spec, run, step.param_names, step.buffer_names, graphs)
+            return _Step(schedule_file, spec, run, step.param_names, step.buffer_names, graphs, step.loss_only)
 
     def forward(self, *args, **kwargs):
         if not (self.training and torch.is_grad_enabled()):
@@ -101,7 +102,8 @@ class MONeTWrapper(nn.Module):
         params = [self.model.get_parameter(n) for n in step.param_names]
         buffers = [self.model.get_buffer(n) for n in step.buffer_names]
         with torch.autocast(device, enabled=False):  # the graph holds the schedule's casts
-            return step.run(*params, *buffers, *args, **kwargs)
+            output = step.run(*params, *buffers, *args, **kwargs)
+        return _guard_undifferentiated(output) if step.loss_only else output
 
     def _for_new_shapes(self, called: Example) -> _Step:
         """The step for inputs whose shapes alone differ from the schedule's, where `new_shapes` allows it:
@@ -127,6 +129,35 @@ class _Step:
     param_names: list[str]
     buffer_names: list[str]
     graphs: dict[str, torch.fx.GraphModule]
+    loss_only: bool  # the model returned its loss, and the step differentiates it alone
+
+
+class _Undifferentiated(torch.autograd.Function):
+    """An output of a step that differentiates the loss alone, made to require grad (through the loss)
+    so that a backward through it stops with the reason instead of leaving its share of the gradient out."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, loss: torch.Tensor, name: str) -> torch.Tensor:
+        ctx.name = name
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(
+            f"the model returned its loss, so monet's step backpropagates that alone, and its output {ctx.name!r} "
+            "has no backward under monet (eager would have made it a zero gradient whenever only the loss is "
+            "backpropagated); backpropagate the loss, or call the model without the labels so that it returns no "
+            "loss, and compute the loss from its outputs (then every output is differentiated)")
+
+
+def _guard_undifferentiated(output):
+    """The step's `output` (a mapping with its loss) with every other floating-point tensor an _Undifferentiated."""
+    loss = output["loss"]
+    for key in [k for k in output.keys() if k != "loss"]:
+        output[key] = tree_map_only(
+            torch.Tensor, lambda t, key=key: _Undifferentiated.apply(t, loss, key) if t.is_floating_point() else t,
+            output[key])
+    return output
 
 
 def _only_shapes_differ(expected: Inputs, called: Inputs) -> bool:

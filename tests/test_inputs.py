@@ -41,6 +41,34 @@ def test_keyword_inputs_train_like_pytorch_within_the_predicted_peak():
         assert rel_err(p.grad, q.grad) < 1e-5, name
 
 
+def tangents(wrapper):
+    """How many outputs the wrapper's step takes a gradient for."""
+    return sum(n.name.startswith("tangents") for n in wrapper.graphs["backward"].graph.find_nodes(op="placeholder"))
+
+
+def test_a_model_that_returns_its_loss_is_differentiated_through_the_loss_alone():
+    """The trace takes no gradient for the logits of a model that returns its loss (eager makes none when
+    the loss is backpropagated); a backward through them stops with the reason rather than leaving their
+    share out. Called without labels, the model returns no loss and every output is differentiated."""
+    torch.manual_seed(0)
+    model, inputs = KeywordNet(depth=2), keyword_inputs(batch=8)
+    with_loss = MONeTWrapper(model, monet.solve(model, inputs, "100%", cost_model="analytic"), inputs)
+    assert tangents(with_loss) == 1  # the loss's
+    out = with_loss(**inputs)
+    assert out["logits"].requires_grad
+    with pytest.raises(RuntimeError, match=r"returned its loss.*'logits' has no backward.*without the labels"):
+        (out["loss"] + out["logits"].sum()).backward()
+    unlabelled = {k: v for k, v in inputs.items() if k != "labels"}
+    plain = MONeTWrapper(model, monet.solve(model, unlabelled, "100%", cost_model="analytic"), unlabelled)
+    assert tangents(plain) == 1  # the logits'
+    reference = copy.deepcopy(model)
+    model.zero_grad(set_to_none=True)
+    plain(**unlabelled)["logits"].pow(2).sum().backward()
+    reference(**unlabelled)["logits"].pow(2).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert rel_err(p.grad, q.grad) < 1e-5, name
+
+
 class Nested(torch.nn.Module):
     """Positional inputs with a nested structure: a tensor, and a dict holding a list of tensors."""
 
