@@ -72,7 +72,7 @@ class TracedStep:
         self.autocast = autocast
         self.example = Example.of(inputs, device=self.device)
         self.inputs = self.example.spec()
-        problem = _call_problem(model, self.example, self.inputs)
+        problem = _sharded(model) or _call_problem(model, self.example, self.inputs)
         if problem:
             raise TraceError(problem)
         self._stack = contextlib.ExitStack()
@@ -206,6 +206,25 @@ def _compiling():
     takes them (DistilBERT's mask-free attention) and traced graphs keep their fingerprints."""
     session = getattr(torch.compiler, "_compile_session_context", None)
     return session() if session is not None else contextlib.nullcontext()
+
+
+def _sharded(model: nn.Module) -> str | None:
+    """Why monet cannot trace `model` if its parameters are sharded (DTensors: FSDP2's fully_shard,
+    tensor parallelism): a sharded parameter is gathered by hooks and collectives at run time, which
+    the one-graph trace does not run through."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed support shards nothing
+        return None
+    sharded = [name for name, p in model.named_parameters() if isinstance(p, DTensor)]
+    if not sharded:
+        return None
+    others = " and others" if len(sharded) > 1 else ""
+    return (f"{type(model).__name__}'s parameters are sharded DTensors ({sharded[0]}{others}; FSDP2's fully_shard "
+            "or tensor parallelism makes them), and monet does not run sharded models yet: its step is one traced "
+            "graph over whole parameters, which FSDP2 gathers block by block with hooks and collectives the trace "
+            "cannot run. Wrap the unsharded model in MONeTWrapper and that in DistributedDataParallel (README, "
+            "\"Several processes\"), or keep FSDP2 with PyTorch's own activation checkpointing")
 
 
 def _call_problem(model: nn.Module, example: Example, inputs: Inputs) -> str | None:
