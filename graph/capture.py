@@ -67,6 +67,8 @@ class TracedStep:
         """`inputs` as Example.of takes them (a spec's tensors are made on the model's device);
         `autocast` ("bfloat16", "float16" or None) the torch.autocast dtype to trace the step under:
         the graph holds its casts, and runs them with autocast off."""
+        if autocast is not None and autocast not in AUTOCAST_DTYPES:
+            raise ValueError(f"autocast={autocast!r}: use one of {', '.join(AUTOCAST_DTYPES)}, or None")
         self.model = model
         self.device = model_device(model)
         self.autocast = autocast
@@ -149,8 +151,6 @@ def _autocast_forward(model: nn.Module, device: torch.device, dtype: str | None)
     outside), the joint trace's backward runs without autocast. Traced under autocast, the
     backward's float32 matmuls were cast to `dtype` (SDPA's math path on CPU: GPT-2's gradients
     drifted 2.5e-3 from eager's through its attention alone)."""
-    if dtype is not None and dtype not in AUTOCAST_DTYPES:
-        raise ValueError(f"autocast={dtype!r}: use one of {', '.join(AUTOCAST_DTYPES)}, or None")
     entered: list[torch.autocast] = []
 
     def enter(_module, _args, _kwargs):

@@ -117,3 +117,8 @@ def test_dropout_and_attention_under_autocast_give_eager_autocasts_gradients():
     loss.backward()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(p.grad, q.grad), (name, rel_err(p.grad, q.grad))
+
+
+def test_an_autocast_dtype_autocast_cannot_run_is_refused_before_tracing():
+    with pytest.raises(ValueError, match=r"autocast='int8': use one of bfloat16, float16, or None"):
+        monet.solve(KeywordNet(), keyword_inputs(), "100%", autocast="int8")
