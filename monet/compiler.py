@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._guards import CompileContext
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from monet.graph import (
     Feed,
@@ -79,7 +79,9 @@ class Backend:
         self.regions.append(schedule_file)
         if len(self.regions) == 2:
             warnings.warn(
-                "torch.compile split the model into several regions (graph breaks); monet solves each region's "
+                "torch.compile split the model into several regions (graph breaks, or DistributedDataParallel's "
+                "buckets, at whose bounds it splits so that the all-reduce overlaps the backward); monet solves each "
+                "region's "
                 f"schedule within the budget of {self.budget!r} on its own, so the step's peak can exceed it: what "
                 "an earlier region saves for its backward stays held while later regions run. Remove the graph "
                 "breaks (torch._dynamo.explain(model)(*inputs) lists them) for one schedule of the whole step",
@@ -100,6 +102,7 @@ class Backend:
                 validate(problem, saved.schedule.on(problem))
                 return saved, problem
         meta = {"model": name, "input": Inputs.tensor(_batch_spec(inputs, static)).to_json()}
+        inputs = tuple(_real(x) for x in inputs)
         # The partitioner runs under AOTAutograd's fake mode; profiling runs real tensors, and leaves
         # the random generators as it found them (the step's dropout masks stay eager's).
         with unset_fake_temporarily(), torch.random.fork_rng(
@@ -127,6 +130,17 @@ class Backend:
 
             return progress_display(Console(stderr=True))
         return contextlib.nullcontext(lambda *_: None)
+
+
+def _real(x):
+    """A region input to profile with: `x`, or where torch.compile passed a fake tensor (DDP's bucket
+    split compiles its regions on fake inputs), a real one of its shape, strides and dtype: random
+    floating-point values, zeros otherwise (valid as indices)."""
+    if not isinstance(x, FakeTensor):
+        return x
+    with unset_fake_temporarily():
+        real = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+        return real.normal_() if real.is_floating_point() else real.zero_()
 
 
 def _batch_spec(inputs: tuple, static: set[int]) -> InputSpec:

@@ -9,6 +9,7 @@ isolated), so the meter reads a later step."""
 
 import copy
 import socket
+import warnings
 from datetime import timedelta
 
 import pytest
@@ -125,6 +126,61 @@ def test_ddp_ranks_peak_as_predicted_at_half_of_plain_ddp(ranks):
         eager = ranks["eager"][rank][1]
         assert abs(peak / predicted - 1) <= 0.03, (rank, peak, predicted)
         assert peak <= 0.6 * eager, (rank, peak, eager)
+
+
+COMPILED = {**MODEL, "hidden": 128, "depth": 48}  # parameters over DDP's 1 MiB first bucket: several regions
+
+
+def _compiled_rank(rank, port, state, batch, out):
+    """One rank: torch.compile over DDP over the model, with monet's backend; writes its gradients and
+    how many regions the backend compiled."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=60))
+    try:
+        model = MLP(**COMPILED)
+        model.load_state_dict(state)
+        backend = monet.backend("70%", cost_model="analytic", time_limit=10, progress=False)
+        compiled = torch.compile(DistributedDataParallel(model, bucket_cap_mb=1), backend=backend)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _loss(compiled(batch.chunk(WORLD)[rank])).backward()
+        told = any("DistributedDataParallel's buckets" in str(w.message) for w in caught)
+        torch.save(({name: p.grad for name, p in model.named_parameters()}, len(backend.regions), told),
+                   f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_compiled_with_monets_backend_trains_like_one_process(tmp_path):
+    """torch.compile splits a DDP model at its bucket bounds (DDPOptimizer, so that the all-reduce
+    overlaps the backward) and compiles each region on fake inputs; monet's backend profiles each on
+    real ones of their shapes and solves each region within the budget on its own (a warning says so).
+    Gradients: one process's on the whole batch."""
+    torch.manual_seed(0)
+    model = MLP(**COMPILED)
+    batch = torch.randn(BATCH, FEATURES, generator=torch.Generator().manual_seed(1))
+    reference = copy.deepcopy(model)
+    _loss(reference(batch)).backward()
+    context, port = mp.get_context("spawn"), _free_port()
+    procs = [context.Process(target=_compiled_rank, args=(rank, port, model.state_dict(), batch, str(tmp_path)))
+             for rank in range(WORLD)]
+    for proc in procs:
+        proc.start()
+    try:
+        for proc in procs:
+            proc.join(timeout=TIMEOUT)
+        assert [proc.exitcode for proc in procs] == [0] * WORLD
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    for rank in range(WORLD):
+        grads, regions, told = torch.load(tmp_path / f"rank{rank}.pt")
+        assert regions > 1 and told, (regions, told)
+        for name, p in reference.named_parameters():
+            assert rel_err(grads[name], p.grad) <= 1e-5, (rank, name)
 
 
 def test_a_model_sharded_by_fsdp2_is_refused_with_the_reason():
