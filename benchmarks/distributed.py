@@ -31,11 +31,11 @@ import torch.multiprocessing as mp
 
 import monet
 from monet.memory import PeakMemory
-from monet.report import bar_plot, markdown_table, write_report
+from monet.report import markdown_table, write_report
 from monet.schedules import check_writable
 from monet.solver import InfeasibleBudgetError, format_bytes
 
-from .report import machine
+from .report import machine, peak_step_plot
 
 METHODS = (("ddp", "eager"), ("ddp", "checkpointing"), ("ddp", "monet"),
            ("fsdp2", "eager"), ("fsdp2", "checkpointing"), ("fsdp2", "monet"))
@@ -214,11 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = bench(args)
     header = {"tag": tag, "ranks": args.ranks, "batch": args.batch, "length": args.length, "machine": machine("cpu"),
               "steps": args.steps, "cost_model": args.cost_model, "time_limit": args.time_limit, "budget": args.budget}
-    measured = [r for r in rows if r["peak"]]
-    labels = [f"{r['parallel']} {r['method']}" for r in measured]
-    png = bar_plot({"peak per rank (MiB)": {k: r["peak"] / 2**20 for k, r in zip(labels, measured, strict=True)},
-                    "step (s)": {k: r["step"] for k, r in zip(labels, measured, strict=True)}},
-                   title=f"GPT-2, {args.ranks} ranks x {args.batch}x{args.length}, cpu (gloo)", figsize=(11, 4))
+    png = peak_step_plot({f"{r['parallel']} {r['method']}": r for r in rows if r["peak"]}, peak="peak per rank (MiB)",
+                         title=f"GPT-2, {args.ranks} ranks x {args.batch}x{args.length}, cpu (gloo)", figsize=(11, 4))
     for path in write_report(args.output, f"distributed-{tag}", rows, markdown(header, rows), png, header=header):
         print(f"wrote {path}")
     return 0

@@ -31,11 +31,11 @@ import torch
 
 import monet
 from monet.memory import PeakMemory, resident_bytes
-from monet.report import bar_plot, markdown_table, write_report
+from monet.report import markdown_table, write_report
 from monet.schedules import OptimizerSpec, check_writable
 from monet.solver import InfeasibleBudgetError, format_bytes
 
-from .report import machine
+from .report import machine, peak_step_plot
 
 OPTIMIZERS = ("sgd", "adam")
 METHODS = ("eager", "checkpointing", "monet")
@@ -188,10 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     header = {"tag": tag, "batch": args.batch, "length": args.length, "machine": machine(args.device),
               "steps": args.steps, "cost_model": args.cost_model, "time_limit": args.time_limit,
               "budget": args.budget}
-    labels = [f"{r['optimizer']} {r['precision']} {r['method']}" for r in rows]
-    png = bar_plot({"peak (MiB)": {k: r["peak"] / 2**20 for k, r in zip(labels, rows, strict=True)},
-                    "step (s)": {k: r["step"] for k, r in zip(labels, rows, strict=True)}},
-                   title=f"DistilBERT QA {args.batch}x{args.length}, {args.device}", figsize=(12, 5))
+    png = peak_step_plot({f"{r['optimizer']} {r['precision']} {r['method']}": r for r in rows},
+                         title=f"DistilBERT QA {args.batch}x{args.length}, {args.device}", figsize=(12, 5))
     for path in write_report(args.output, f"optimizers-{tag}", rows, markdown(header, rows), png, header=header):
         print(f"wrote {path}")
     return 0

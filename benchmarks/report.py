@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from monet.report import line_plot, markdown_table, write_report
+from monet.report import bar_plot, line_plot, markdown_table, write_report
 from monet.solver import format_bytes
 
 COLUMNS = ("competitor", "budget", "status", "predicted peak", "measured peak", "peak vs eager", "step",
@@ -76,3 +76,10 @@ def plot(header: dict, rows: list[dict]) -> bytes:
                      ylabel="median step time (ms)", figsize=(7.5, 4.8), empty="none", title_size=10,
                      legend_size=8, style=lambda family: ({"marker": "*", "markersize": 12} if family == "eager"
                                                           else {"marker": "o", "markersize": 6}))
+
+
+def peak_step_plot(rows: dict[str, dict], *, title: str, figsize: tuple[float, float],
+                   peak: str = "peak (MiB)") -> bytes:
+    """A PNG of two bar charts, measured peak (MiB) and step time (s), one bar per labelled row."""
+    return bar_plot({peak: {label: r["peak"] / 2**20 for label, r in rows.items()},
+                     "step (s)": {label: r["step"] for label, r in rows.items()}}, title=title, figsize=figsize)

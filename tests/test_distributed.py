@@ -7,6 +7,7 @@ synchronised step after no_sync measured 22.6 % over the prediction, about the g
 more (DDP rebuilding its buckets then, in the order the gradients arrived, is the likely cause; not
 isolated), so the meter reads a later step."""
 
+import contextlib
 import copy
 import socket
 import warnings
@@ -41,14 +42,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def _group(rank: int, port: int):
+    """This process as rank `rank` of WORLD over gloo on 127.0.0.1:`port`, one thread, for the block."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=60))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 def _rank(rank, port, state, schedule_file, batches, results, out):
     """One rank: DDP over the model (wrapped by monet where `schedule_file` is given): two
     micro-batches, the first under no_sync; then one measured step. Writes its gradients to `out`
     and puts (rank, peak, buckets)."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                           timeout=timedelta(seconds=60))
-    try:
+    with _group(rank, port):
         model = MLP(**MODEL)
         model.load_state_dict(state)
         module = MONeTWrapper(model, schedule_file, SHARD) if schedule_file else model
@@ -63,8 +73,6 @@ def _rank(rank, port, state, schedule_file, batches, results, out):
         with PeakMemory("cpu", resident_bytes(model, shards[0])) as meter:
             _loss(ddp(shards[0])).backward()
         results.put((rank, meter.peak, len(ddp.reducer._get_zeros_like_grad_buckets())))
-    finally:
-        dist.destroy_process_group()
 
 
 def _run_ranks(state, schedule_file, batches, out) -> dict[int, tuple]:
@@ -134,10 +142,7 @@ COMPILED = {**MODEL, "hidden": 128, "depth": 48}  # parameters over DDP's 1 MiB 
 def _compiled_rank(rank, port, state, batch, out):
     """One rank: torch.compile over DDP over the model, with monet's backend; writes its gradients and
     how many regions the backend compiled."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=60))
-    try:
+    with _group(rank, port):
         model = MLP(**COMPILED)
         model.load_state_dict(state)
         backend = monet.backend("70%", cost_model="analytic", time_limit=10, progress=False)
@@ -148,8 +153,6 @@ def _compiled_rank(rank, port, state, batch, out):
         told = any("DistributedDataParallel's buckets" in str(w.message) for w in caught)
         torch.save(({name: p.grad for name, p in model.named_parameters()}, len(backend.regions), told),
                    f"{out}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def test_ddp_compiled_with_monets_backend_trains_like_one_process(tmp_path):
