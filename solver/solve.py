@@ -279,8 +279,8 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     fitting = [(candidate, replay) for candidate in given
                for replay in [simulate(problem, candidate)] if replay.peak <= budget]
     incumbent = min(fitting, key=lambda pair: pair[1].time, default=None)
-    def start_from(incumbent):
-        return _start(posed, budget, _option_sets(posed, settings), settings.horizon,
+    def start_from(incumbent, heuristics=True):
+        return _start(posed, budget, _option_sets(posed, settings) if heuristics else [], settings.horizon,
                       lambda *state: progress(label + "finding a starting schedule", *state),
                       incumbent[0] if incumbent else None, time.perf_counter() + START_SHARE * time_limit)
 
@@ -300,7 +300,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         replay = simulate(problem, sought.schedule) if sought is not None and sought.schedule is not None else None
         if replay is not None and replay.peak <= budget:
             incumbent = (sought.schedule, replay)
-            horizon, found = start_from(incumbent)
+            horizon, found = start_from(incumbent, heuristics=False)  # none fitted: only the horizon to settle
     progress(label + "building the ILP", 0, None, "")
     formulation = _formulate(kind, posed, budget, settings, fixed, horizon)
     if kind == "compact" and incumbent and (found is None or incumbent[1].time < found.replay.time):
