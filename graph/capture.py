@@ -167,7 +167,7 @@ def _autocast_forward(model: nn.Module, device: torch.device, dtype: str | None)
         yield
 
 
-def returned_loss(output) -> torch.Tensor | None:
+def _returned_loss(output) -> torch.Tensor | None:
     """The loss a model returns in a mapping under "loss" (transformers' ModelOutput, a dict): a
     floating-point scalar; else None."""
     loss = output.get("loss") if isinstance(output, Mapping) else None
@@ -176,7 +176,7 @@ def returned_loss(output) -> torch.Tensor | None:
 
 @contextlib.contextmanager
 def _loss_only(model: nn.Module):
-    """Where `model` returns its loss (see returned_loss), the trace differentiates that alone: its
+    """Where `model` returns its loss (see _returned_loss), the trace differentiates that alone: its
     other outputs (logits) are detached, so the backward takes no gradient for them. Differentiated,
     each would get one, zeros, when only the loss is backpropagated: a tensor of the logits' size that
     eager never makes (1 MiB of a small Llama's 25 MiB at 50 %). Yields a list that holds True once
@@ -184,7 +184,7 @@ def _loss_only(model: nn.Module):
     found: list[bool] = []
 
     def detach_others(_module, _args, _kwargs, output):
-        if returned_loss(output) is not None:
+        if _returned_loss(output) is not None:
             for key in [k for k in output.keys() if k != "loss"]:
                 output[key] = tree_map_only(torch.Tensor, torch.Tensor.detach, output[key])
             found.append(True)
