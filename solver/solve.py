@@ -168,10 +168,11 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     that fits and is faster; where none fits, from the first schedule that a least-peak search
     finds within the budget (on up to half the time left); when the compact formulation chooses
     implementations it first solves checkpointing alone on a third of the time limit and starts
-    from that. It stops when the predicted step time is proven within `gap` (relative) of the best
-    possible in the formulation, or at `time_limit` seconds with the best schedule found and its
-    proven gap. Same input, same
-    seed: same schedule, unless the time limit cuts the search.
+    from that (in a ladder, at the first rung only: later rungs start from what beat it). It stops
+    when the predicted step time is proven within `gap` (relative) of the best possible in the
+    formulation, or at `time_limit` seconds with the best schedule found and its proven gap (HiGHS
+    can overrun it on the largest problems: README). Same input, same seed: same schedule, unless
+    the time limit cuts the search.
     When the search finds no schedule in time but a heuristic one fits, that one is returned
     (status "heuristic", with a `note` on what would help). The simulator judges HiGHS's answer:
     where they disagree (HiGHS calls the ILP infeasible after accepting a start that is a solution
@@ -233,7 +234,7 @@ def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Sched
             solution = _solve(problem, budget,
                               settings.but(time_limit=max(1.0, share), formulation=formulation, horizon=horizon),
                               best.schedule if best else start, progress, baseline, explain=last,
-                              label=_rung_text(formulation, horizon, settings))
+                              label=_rung_text(formulation, horizon, settings), alone=best is None)
         except (_NoSchedule, SolverFailedError):
             if not last or best is not None:
                 continue
@@ -251,11 +252,14 @@ class _NoSchedule(Exception):
 
 
 def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
-           baseline: tuple[Schedule, Replay], *, explain: bool, label: str = "", seek: bool = True) -> Solution:
+           baseline: tuple[Schedule, Replay], *, explain: bool, label: str = "", seek: bool = True,
+           alone: bool = True) -> Solution:
     """`solve` at one horizon; `baseline` is keep_all(problem, settings.options) and its replay. An
     infeasible budget raises InfeasibleBudgetError stating the least peak when `explain`, else
     _NoSchedule at once. Where no schedule at hand fits and `seek`, a least-peak search finds
-    one first (see _least_within). Stages are reported to `progress` named after `label`."""
+    one first (see _least_within). `alone` lets the compact formulation, choosing implementations, solve
+    checkpointing alone first (a ladder's later rungs start from a schedule that already beats it).
+    Stages are reported to `progress` named after `label`."""
     began = time.perf_counter()
     options, time_limit = settings.options or {}, settings.time_limit
     baseline, baseline_replay = baseline
@@ -265,7 +269,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
                         baseline_replay.time, 0.0, time.perf_counter() - began)
     kind, posed, fixed = _pose(problem, settings)
     given = [start] if start is not None else []
-    if kind == "compact" and len(fixed) < len(problem.choices):
+    if alone and kind == "compact" and len(fixed) < len(problem.choices):
         # Checkpointing alone first, on a third of the time: the joint search starts from it, so
         # choosing implementations never ends slower than not choosing them.
         try:
@@ -523,7 +527,7 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
     unconstrained = simulate(problem, keep_all(problem)) if unconstrained is None else unconstrained
     kind, posed, fixed = _pose(problem, settings)
     alone = None
-    if kind == "compact" and len(fixed) < len(problem.choices):
+    if alone and kind == "compact" and len(fixed) < len(problem.choices):
         # Checkpointing alone first, on a third of the time, as solve does: the joint search starts from
         # its least peak and keeps it if it finds none lower, so choosing implementations never ends higher.
         try:

@@ -330,6 +330,18 @@ def test_a_ladder_of_formulations_polishes_the_compact_schedule():
         solve(p, budget, formulation=["compact", "general"], horizon=[None])
 
 
+def test_only_a_ladders_first_rung_solves_checkpointing_alone():
+    """Checkpointing alone gives the joint search a start; a later rung starts from the best schedule so
+    far, which already beats it, so solving it again there would only take that rung's time."""
+    p = relu_chain(8)
+    stages = []
+    solve(p, int(unconstrained(p) * 0.6), formulation=["compact", "compact"], horizon=[10, None], time_limit=20,
+          progress=lambda stage, *_: stages.append(stage))
+    alone = {stage.split(":")[0] for stage in stages if "checkpointing alone" in stage}
+    assert alone == {"compact, reruns at most 10 stages ahead"}
+    assert any(stage.startswith("compact, reruns at any distance: solving") for stage in stages)
+
+
 def test_a_general_solve_is_never_slower_than_its_start():
     p = norm_chain(30)
     budget = int(unconstrained(p) * 0.6)
