@@ -15,6 +15,10 @@ from benchmarks.competitors import FAMILIES  # noqa: E402
 # Checkmate's MILP may find no schedule within the time limit (it is slow to find a first one);
 # its row must say so. Every other competitor must run on this model.
 MAY_FIND_NONE = {"checkmate"}
+# At the "least" budget, the least peak monet's search found choosing how ops run, checkpointing alone and
+# the compiled solve (which leaves some options out) may have no schedule (a full-suite run found the least
+# at 49.4 %, below checkpointing's 50 %); the row must say so. At 60 % they must run.
+LEAST_MAY_FIND_NONE = {"monet-checkpointing", "monet-compiled"}
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +35,12 @@ def test_every_competitor_has_a_row(results):
     _, data = results
     rows = data["rows"]
     assert {r["competitor"] for r in rows} == set(FAMILIES)
+    least = min(r["budget"] for r in rows if r["competitor"] == "monet")
     for r in rows:
         measured = r["measured_peak"] is not None
-        if r["competitor"] in MAY_FIND_NONE and not measured:
+        may_find_none = r["competitor"] in MAY_FIND_NONE or (
+            r["competitor"] in LEAST_MAY_FIND_NONE and r["budget"] == least)
+        if may_find_none and not measured:
             assert r["status"].startswith(("no schedule", "infeasible")), r
             continue
         assert measured and r["measured_peak"] > 0 and r["step_time_s"] > 0, r
@@ -45,7 +52,9 @@ def test_monet_within_budget_and_predicted(results):
     _, data = results
     monet = [r for r in data["rows"] if r["competitor"] in ("monet", "monet-checkpointing", "checkmate")
              and r["measured_peak"] is not None]
-    assert len(monet) >= 4
+    assert {(r["competitor"], r["name"].split("@")[1]) for r in monet} >= {
+        ("monet", "60%"), ("monet-checkpointing", "60%")}
+    assert len([r for r in monet if r["competitor"] == "monet"]) == 2
     for r in monet:
         assert r["measured_peak"] <= r["budget"] + 64, r  # + the loss scalar: the caller's, not the step's
         assert r["measured_peak"] == pytest.approx(r["predicted_peak"], rel=0.03), r
