@@ -17,10 +17,9 @@ monet's solves of the converted instance, from the records in monet-instances-so
 
 solves each instance (SETTINGS: the compact formulation, then the general one from its schedule
 with reruns at most 40 stages ahead, then unbounded; GoogLeNet: LADDERS; implementation choices on,
-gap 1e-4; HiGHS's
-heuristic effort 1 unless --heuristic-effort says otherwise) at each time limit and appends one
-record per solve to that file (a rerun replaces an instance's record at the
-same limit); --deadline stops starting new solves after S seconds.
+gap 1e-4; HiGHS's heuristic effort 1 unless --heuristic-effort says otherwise) at each time limit
+and appends one record per solve to that file (a rerun replaces an instance's record at the same
+limit); --deadline stops starting new solves after S seconds.
 """
 
 from __future__ import annotations
