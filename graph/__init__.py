@@ -42,7 +42,8 @@ def cost_graph(gm: torch.fx.GraphModule, analysis: GraphAnalysis, feed: Feed, co
     its inputs real values, `meta` names the model and input for the schedule file.
 
     Workspace is always measured (kernel temporaries are a fact of this machine's
-    libraries, and their sizes repeat exactly); time is measured ("measured") or
+    libraries, and their sizes repeat exactly), and so is what libraries hold throughout (the
+    problem's `held`: cuBLAS workspaces on CUDA); time is measured ("measured") or
     the roofline estimate ("analytic", deterministic). `progress(stage, done, total)` hears
     each stage (total None where its length is unknown) and each op profiled.
     """
@@ -59,9 +60,9 @@ def cost_graph(gm: torch.fx.GraphModule, analysis: GraphAnalysis, feed: Feed, co
     meta = {**analysis.problem.meta, **meta, "device": feed.device.type, "cost_model": cost_model,
             "torch": torch.__version__.split("+")[0]}
     ops = [dataclasses.replace(op, pytorch=dataclasses.replace(op.pytorch, time=times[op.name],
-                                                                workspace=workspace[op.name]))
+                                                                workspace=workspace.per_op[op.name]))
            for op in analysis.problem.ops]
-    problem = Problem(analysis.problem.tensors, ops, meta)
+    problem = Problem(analysis.problem.tensors, ops, meta, held=workspace.held)
     if not implementations:
         return problem
     stage("measuring other ways to run ops", 0, None)

@@ -5,7 +5,9 @@ batch, random tangents), freeing each value after its last use as the runtime wo
 Workspace is what an op allocates beyond its outputs while it runs: on CPU from
 the allocator's events (torch.profiler with profile_memory), on CUDA from the
 caching allocator's peak, both read by graph.peak.DevicePeak (the meter PeakMemory
-uses). Time is the median of repeated runs after warm-up.
+uses); on CUDA also what libraries keep once an op has run (cuBLAS workspaces), with
+the backward's ops run on autograd's thread as in training. Time is the median of
+repeated runs after warm-up.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import functools
 import operator
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -74,22 +76,52 @@ def _last_uses(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, list[str]]:
 
 
 def _walk(gm, values, on_op: Callable[[torch.fx.Node, Callable[[], object]], object],
-          after: Callable[[torch.fx.Node, tuple, object], None] | None = None):
+          after: Callable[[torch.fx.Node, tuple, object], None] | None = None, *,
+          backward: Collection[str] = (), device: torch.device | None = None):
     """Run the graph in order, freeing after last use; `on_op` runs each compute node, and
-    `after(node, args, value)` sees its real arguments and result."""
+    `after(node, args, value)` sees its real arguments and result. From the first node named in
+    `backward` on, the nodes run on autograd's thread for `device`, where a training step's backward runs."""
     env = dict(values)
     frees = _last_uses(gm)
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":  # a tensor constant (see monet.graph.capture)
-            env[node.name] = operator.attrgetter(node.target)(gm)
-        elif node.op == "call_function":
-            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
-            env[node.name] = on_op(node, functools.partial(node.target, *args, **kwargs))
-            if after:
-                after(node, args, env[node.name])
-        for name in frees.get(node, ()):
-            if node.op != "output":
-                env.pop(name, None)
+    nodes = list(gm.graph.nodes)
+
+    def run(part):
+        for node in part:
+            if node.op == "get_attr":  # a tensor constant (see monet.graph.capture)
+                env[node.name] = operator.attrgetter(node.target)(gm)
+            elif node.op == "call_function":
+                args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+                env[node.name] = on_op(node, functools.partial(node.target, *args, **kwargs))
+                if after:
+                    after(node, args, env[node.name])
+            for name in frees.get(node, ()):
+                if node.op != "output":
+                    env.pop(name, None)
+
+    cut = next((i for i, node in enumerate(nodes) if node.name in backward), len(nodes))
+    run(nodes[:cut])
+    if cut < len(nodes):
+        on_autograd_thread(lambda: run(nodes[cut:]), device)
+
+
+class _OnAutogradThread(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, fn):
+        ctx.fn = fn
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.fn()
+        return grad, None
+
+
+def on_autograd_thread(fn: Callable[[], None], device: torch.device) -> None:
+    """Call `fn` where autograd runs the backward of `device`'s tensors (CUDA: the device's own thread,
+    whose cuBLAS handle has workspaces of its own), and return when it has run."""
+    x = torch.zeros((), device=device, requires_grad=True)
+    with torch.enable_grad():
+        _OnAutogradThread.apply(x, fn).backward()
 
 
 def run_graph(gm: torch.fx.GraphModule, feed: Feed, after: Callable[[torch.fx.Node, tuple, object], None], *,
@@ -149,28 +181,75 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass(frozen=True)
+class Workspace:
+    """What ops allocate beyond their outputs: `per_op`, bytes while each op runs, and `held`, bytes
+    libraries keep from an op's first call on (CUDA: cuBLAS and cuBLASLt allocate a workspace for each
+    thread and stream that runs a matrix product, and keep it; the forward runs on the caller's thread
+    and the backward on autograd's, so a step with matrix products holds two or more)."""
+
+    per_op: dict[str, int]
+    held: int = 0
+
+
 def measure_workspace(analysis: GraphAnalysis, gm: torch.fx.GraphModule, feed: Feed, *,
-                      seed: int = 0) -> dict[str, int]:
-    """Bytes each op of `analysis.problem` allocates beyond its outputs while it runs."""
+                      seed: int = 0) -> Workspace:
+    """Bytes each op of `analysis.problem` allocates beyond its outputs while it runs, and what the
+    libraries hold after the step (see Workspace)."""
     with torch.no_grad():
-        return _workspace(analysis.problem, gm, feed, seed, feed.device)
+        if feed.device.type == "cuda":
+            return _workspace_cuda(analysis.problem, gm, feed, seed, feed.device)
+        return Workspace(_workspace_cpu(analysis.problem, gm, feed, seed, feed.device))
 
 
-def _workspace(problem: Problem, gm, feed: Feed, seed, device) -> dict[str, int]:
+def _workspace_cuda(problem: Problem, gm, feed: Feed, seed, device) -> Workspace:
+    """Each op's allocator peak over what it leaves allocated, forward ops on this thread and backward ops
+    on autograd's; `held`: what stays allocated after the whole walk, with the matrix-product workspaces
+    released before it (and the backward thread's made for both kinds of product, as a rerun of a forward
+    product there would make them)."""
+    ops = {op.name for op in problem.ops}
+    result: dict[str, int] = {}
+
+    def on_op(node, call):
+        if node.name not in ops:
+            return call()
+        with DevicePeak(device) as meter:
+            out = call()
+        result[node.name] = max(0, meter.rise - meter.made)
+        return out
+
+    values = feed.values(gm, seed)
+    _release_blas_workspaces(device)
+    torch.cuda.synchronize(device)
+    start = torch.cuda.memory_allocated(device)
+    _walk(gm, values, on_op, backward={op.name for op in problem.backward_ops}, device=device)
+    if torch.cuda.memory_allocated(device) > start:  # the step runs matrix products
+        on_autograd_thread(lambda: _products(device), device)
+    torch.cuda.synchronize(device)
+    return Workspace(result, torch.cuda.memory_allocated(device) - start)
+
+
+def _products(device: torch.device) -> None:
+    """One matrix product of each kind cuBLAS runs (plain; with a bias, cuBLASLt's), which makes this
+    thread's workspaces for them."""
+    a = torch.ones(8, 8, device=device)
+    torch.mm(a, a)
+    torch.addmm(a[0], a, a)
+
+
+def _release_blas_workspaces(device: torch.device) -> None:
+    """Release the matrix-product workspaces of this thread and autograd's (their maps are global in some
+    PyTorch versions and per thread in others), so that the next walk makes, and measures, them again."""
+    release = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if release is not None:
+        release()
+        on_autograd_thread(release, device)
+
+
+def _workspace_cpu(problem: Problem, gm, feed: Feed, seed, device) -> dict[str, int]:
     ops = {op.name: op for op in problem.ops}
     new_bytes = {op.name: problem.out_bytes(op) for op in problem.ops}
     result: dict[str, int] = {}
-    if device.type == "cuda":
-        def on_op(node, call):
-            if node.name not in ops:
-                return call()
-            with DevicePeak(device) as meter:
-                out = call()
-            result[node.name] = max(0, meter.rise - new_bytes[node.name])
-            return out
-
-        _walk(gm, feed.values(gm, seed), on_op)
-        return result
 
     def marked(node, call):
         if node.name not in ops:

@@ -14,7 +14,7 @@ Layout (version 1):
               "torch", "fingerprint", "autocast"?, ...},  # how and where it was profiled; the graph's hash
      "implementations": bool,                     # were other ways to run ops profiled
      "digest": "sha256:...",                      # of the problem (meta included), canonical JSON
-     "problem": {"version", "tensors", "ops", "choices", "update"?}}   # solver.Problem.to_dict() less meta
+     "problem": {"version", "tensors", "ops", "choices", "update"?, "held"?}}   # solver.Problem.to_dict() less meta
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ _SCHEMA = {
                 }},
                 "update": {"type": "object", "required": ["state", "workspace"], "additionalProperties": False,
                            "properties": {"state": _INT, "workspace": _INT}},
+                "held": _INT,
                 "choices": {"type": "array", "items": {
                     "type": "object", "required": ["name", "options"], "additionalProperties": False,
                     "properties": {

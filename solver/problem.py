@@ -191,6 +191,7 @@ class Problem:
     meta: dict = field(default_factory=dict, compare=False)
     choices: tuple[Choice, ...] = ()
     update: Update | None = None
+    held: int = 0  # bytes libraries hold throughout the step (CUDA: cuBLAS workspaces), measured where profiled
 
     def __post_init__(self):
         object.__setattr__(self, "tensors", tuple(self.tensors))
@@ -209,9 +210,10 @@ class Problem:
 
     @cached_property
     def persistent_bytes(self) -> int:
-        """Bytes held for the whole step: parameters, buffers, the input batch and the optimizer's state."""
+        """Bytes held for the whole step: parameters, buffers, the input batch, the optimizer's state and
+        what libraries hold."""
         state = self.update.state if self.update else 0
-        return sum(t.bytes for t in self.tensors if t.role in PERSISTENT_ROLES) + state
+        return sum(t.bytes for t in self.tensors if t.role in PERSISTENT_ROLES) + state + self.held
 
     @cached_property
     def update_peak(self) -> int | None:
@@ -259,6 +261,8 @@ class Problem:
         return {t.name: t for t in self.tensors}
 
     def _check(self) -> None:
+        if self.held < 0:
+            raise ProblemError(f"held bytes must be non-negative, got {self.held}")
         for i, t in enumerate(self.tensors):
             if t.id != i:
                 raise ProblemError(f"tensor {t.name!r} has id {t.id}, expected {i}")
@@ -371,6 +375,7 @@ class Problem:
             "ops": [op.to_dict() for op in self.ops],
             "choices": [asdict(c) for c in self.choices],
             **({"update": asdict(self.update)} if self.update else {}),
+            **({"held": self.held} if self.held else {}),
         }
 
     @classmethod
@@ -389,7 +394,7 @@ class Problem:
             update = Update(**data["update"]) if data.get("update") is not None else None
         except (KeyError, TypeError) as exc:
             raise ProblemError(f"malformed problem: {exc}") from exc
-        return cls(tensors, ops, data.get("meta", {}), choices, update)
+        return cls(tensors, ops, data.get("meta", {}), choices, update, data.get("held", 0))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())

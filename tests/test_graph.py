@@ -1,10 +1,12 @@
 """Tracing and analysing the joint graph, and costing its ops."""
 
+import pytest
 import torch
 from conftest import small_model
 from torch import nn
 
-from monet.graph import InputSpec, TracedStep, analyze, costed_problem
+from monet.graph import Feed, InputSpec, TracedStep, analyze, costed_problem
+from monet.graph.profile import _walk
 
 
 def analysed(model, shape, requires_grad=False):
@@ -70,6 +72,35 @@ def test_measured_and_analytic_costs():
     assert measured.meta["cost_model"] == "measured"
     assert tuple(measured.meta["input"]["shape"]) == shape
     assert measured.tensors == analytic.tensors  # sizes come from the graph, not from the cost model
+
+
+def test_a_walk_can_run_its_backward_where_autograd_runs_it():
+    """The CUDA workspace walk runs backward ops where autograd would (cuBLAS keeps a workspace per
+    thread); split so, the walk computes what it computes in one piece, and an error there reaches the
+    caller. On CPU autograd runs the backward on the calling thread, so this checks the split itself."""
+    model, shape = small_model("mlp")
+    step, analysis = analysed(model, shape)
+    feed = Feed(step.model, tuple(step.example.flat))
+    backward = {op.name for op in analysis.problem.backward_ops}
+    runs = [{}, {}]
+    for seen, split in zip(runs, ((), backward)):
+        torch.manual_seed(0)  # the same dropout masks
+        with torch.no_grad():
+            _walk(step.graph_module, feed.values(step.graph_module, 0), lambda node, call: call(),
+                  lambda node, args, value, seen=seen: seen.__setitem__(node.name, value), backward=split,
+                  device=feed.device)
+    assert runs[0].keys() == runs[1].keys() and backward <= runs[0].keys()
+    for name, value in runs[0].items():
+        assert all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(value),
+                                                    torch.utils._pytree.tree_leaves(runs[1][name])))
+
+    def fails(node, call):
+        if node.name in backward:
+            raise RuntimeError(f"{node.name} failed")
+        return call()
+
+    with pytest.raises(RuntimeError, match="failed"), torch.no_grad():
+        _walk(step.graph_module, feed.values(step.graph_module, 0), fails, backward=backward, device=feed.device)
 
 
 def test_real_problems_survive_json():

@@ -1,5 +1,6 @@
 """The framework-free problem: validation, JSON, and no torch anywhere in the solver."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,11 +12,13 @@ from monet.solver import Impl, Op, Problem, ProblemError, Tensor, keep_all, simu
 
 
 def test_json_round_trip_keeps_everything():
-    problem = random_dag(3)
+    problem = dataclasses.replace(random_dag(3), held=4096)
     again = Problem.from_json(problem.to_json())
     assert again.tensors == problem.tensors
     assert again.ops == problem.ops
     assert again.meta == problem.meta
+    assert again.held == 4096 and again == problem
+    assert "held" not in random_dag(3).to_dict()  # files of problems with nothing held are as before
 
 
 def test_unknown_version_is_refused():
@@ -38,6 +41,8 @@ def test_malformed_problems_are_refused():
                 [Op(0, "b", "t", "backward", (2,), Impl((0,), 1.0)), Op(1, "f", "t", "forward", (1,), Impl((0,), 1.0))])
     with pytest.raises(ProblemError, match="malformed"):
         Problem.from_dict({"version": 1, "tensors": [{"id": 0}], "ops": []})
+    with pytest.raises(ProblemError, match="held bytes must be non-negative"):
+        Problem([x], [], held=-1)
 
 
 def test_solver_and_schedule_format_import_without_torch():

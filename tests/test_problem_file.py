@@ -77,6 +77,9 @@ def test_problem_round_trips_through_its_file(tmp_path):
     assert data["format"] == "monet.problem" and data["version"] == PROBLEM_FILE_VERSION
     assert data["meta"]["fingerprint"] == made.fingerprint and data["digest"].startswith("sha256:")
     assert Problem.from_dict({**data["problem"], "meta": data["meta"]}) == made.problem
+    assert "held" not in data["problem"]  # nothing on CPU; on CUDA the cuBLAS workspaces
+    held = ProblemFile(dataclasses.replace(made.problem, held=33554432), made.implementations)
+    assert load_problem(held.save(tmp_path / "held.json")).problem.held == 33554432
 
 
 def test_profile_solve_problem_then_train_like_pytorch(tmp_path, capsys):

@@ -1,5 +1,7 @@
 """The simulator's accounting, checked by hand on tiny problems."""
 
+import dataclasses
+
 import pytest
 from synthetic import _Builder, chain
 
@@ -27,6 +29,14 @@ def test_keep_all_by_hand():
     assert [b for _, b in replay.timeline] == [117, 115, 220, 128]
     assert replay.peak == 220 and replay.peak_at == "b1"
     assert replay.time == 14.0 and replay.recompute_time == 0.0
+
+
+def test_bytes_libraries_hold_count_at_every_op():
+    p = two_layers()
+    held = dataclasses.replace(p, held=1000)  # as cuBLAS workspaces on CUDA
+    assert [b for _, b in simulate(held, keep_all(held)).timeline] == [1117, 1115, 1220, 1128]
+    schedule = Schedule.from_backward(p, [0, 2, 3])
+    assert simulate(held, schedule).peak == simulate(p, schedule).peak + 1000
 
 
 def test_recomputation_moves_memory_and_costs_time():
