@@ -1,0 +1,373 @@
+"""What monet does on a GPU, measured in one short run (a lent GPU's time is scarce).
+
+`python -m benchmarks.gpu_check -o DIR [--stages ...] [--schedules DIR] [--deadline S]` writes
+DIR/results.json (one record per stage, rewritten as each ends) and, per stage:
+- `cnn`, `transformer` (the bundled models): eager's step peak and time; a measured profile (written
+  as a problem file, for solving anywhere); schedules at 100 % and 50 % (or 2 % over the least peak
+  where 50 % is below it), each one's predicted and measured peak (`torch.cuda.max_memory_allocated`,
+  first and second step; `max_memory_reserved` beside it) and step time, an op-by-op memory log of its
+  step (`*.ops.json`: every ATen call in order with the bytes allocated after it and the allocator's peak
+  during it) and a CUDA memory snapshot of the 50 % step; and every parameter's gradient error against
+  a float64 run (see float64_errors).
+- `resnet50`: MONAI ResNet-50 at batch 184 (MONeT's size): eager, per-block checkpointing and the
+  schedules in `--schedules` (solved elsewhere), each one's peak and step time; a fresh profile.
+- `resnet50-compiled`: torch.compile's step at `--compile-share` of its activation memory.
+- `resnet50-gradients`: ResNet-50 at batch 32, its 50 % schedule's gradient errors against float64.
+- `batch-norm`: training batch norm's native kernels (the traced graph's) against cuDNN's (eager's).
+Stages are not started once `--deadline` seconds have passed; a stage that fails is recorded and the
+next one runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import monet
+import monet.models
+from monet import InfeasibleBudgetError, MONeTWrapper, PeakMemory
+
+from .models import MODELS
+
+
+class OpLog(TorchDispatchMode):
+    """Every ATen call in order: (name, bytes allocated after it, the allocator's peak during it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[tuple[str, int, int]] = []
+        self.peak = 0  # the whole block's (each op resets the allocator's peak)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        torch.cuda.reset_peak_memory_stats()
+        out = func(*args, **(kwargs or {}))
+        peak = torch.cuda.max_memory_allocated()
+        self.rows.append((str(func), torch.cuda.memory_allocated(), peak))
+        self.peak = max(self.peak, peak)
+        return out
+
+
+@contextlib.contextmanager
+def tf32(on: bool):
+    """TF32 in matrix products and cuDNN convolutions on or off, as it was after."""
+    was = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was
+
+
+def step(module, x, weights):
+    out = module(x)
+    (out * weights).sum().backward()
+
+
+def clear_grads(*modules):
+    for m in modules:
+        for p in m.parameters():
+            p.grad = None
+
+
+def median_step_seconds(module, x, weights, steps: int = 5) -> float:
+    samples = []
+    for _ in range(steps):
+        clear_grads(module)
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        step(module, x, weights)
+        torch.cuda.synchronize()
+        samples.append(time.perf_counter() - began)
+    return statistics.median(samples)
+
+
+def measured_peak(module, x, weights, model) -> dict:
+    """One step's peak, absolute and above what was allocated before it, and the reserve."""
+    clear_grads(model)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with PeakMemory("cuda") as meter:
+        step(module, x, weights)
+    return {"peak": meter.peak, "before": before, "reserved": torch.cuda.max_memory_reserved()}
+
+
+def grads(module, model, x, weights) -> dict[str, torch.Tensor]:
+    clear_grads(model)
+    step(module, x, weights)
+    return {n: p.grad.detach().double().clone() for n, p in model.named_parameters()}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def float64_errors(model, x, schedule, weights) -> dict:
+    """Per parameter, the relative error against a float64 eager run of the same model and batch of
+    eager float32 (cuDNN's default algorithms, and with cudnn.benchmark: other kernels, other rounding)
+    and of `model` trained by `schedule`, with TF32 on ("tf32") and off ("fp32"); "norm" is the float64
+    gradient's norm (a convolution bias before a batch norm has a true gradient of 0, so its relative
+    error says little)."""
+    ref = copy.deepcopy(model).double()
+    g64 = grads(ref, ref, x.double(), weights.double())
+    del ref
+    result = {}
+    for on in (True, False):
+        with tf32(on):
+            eager_model = copy.deepcopy(model)
+            ge = grads(eager_model, eager_model, x, weights)
+            with benchmark_algorithms():
+                gb = grads(eager_model, eager_model, x, weights)
+            monet_model = copy.deepcopy(model)
+            gm = grads(MONeTWrapper(monet_model, schedule, tuple(x.shape)), monet_model, x, weights)
+        result["tf32" if on else "fp32"] = {
+            n: {"eager": rel(ge[n], g64[n]), "eager_benchmark": rel(gb[n], g64[n]), "monet": rel(gm[n], g64[n]),
+                "norm": g64[n].norm().item()} for n in g64}
+    return result
+
+
+@contextlib.contextmanager
+def benchmark_algorithms():
+    was = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = was
+
+
+def solved(problem, budget, time_limit: float):
+    """(schedule, None) at `budget`, or where that is below every schedule, (the schedule at 2 % over the
+    least peak found, that least)."""
+    try:
+        return monet.solve_problem_file(problem, budget, time_limit=time_limit), None
+    except InfeasibleBudgetError as exc:
+        return monet.solve_problem_file(problem, int(exc.least_peak * 1.02), time_limit=time_limit), exc.least_peak
+
+
+def check_model(name: str, model, shape, budgets, out: Path, time_limit: float, record) -> None:
+    torch.manual_seed(0)
+    model = model.cuda().train()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=gen).cuda()
+    with torch.no_grad():
+        weights = torch.randn(model(x).shape, generator=gen).cuda()
+    eager = copy.deepcopy(model)
+    rec = {"shape": list(shape), "eager": measured_peak(eager, x, weights, eager)}
+    rec["eager"]["seconds"] = median_step_seconds(eager, x, weights)
+    del eager
+    began = time.perf_counter()
+    problem = monet.profile(model, shape, cost_model="measured")
+    rec["profile_seconds"] = time.perf_counter() - began
+    problem.save(out / f"{name}.problem.json")
+    rec["runs"] = {}
+    for budget in budgets:
+        began = time.perf_counter()
+        schedule, least = solved(problem, budget, time_limit)
+        solve_seconds = time.perf_counter() - began
+        tag = f"{name}-{budget.rstrip('%')}"
+        schedule.save(out / f"{tag}.json")
+        wrapped = MONeTWrapper(model, schedule, shape)
+        run = rec["runs"].setdefault(budget, {} if least is None else {"infeasible": True, "least_peak": least})
+        run.update(budget_bytes=schedule.budget, predicted=schedule.predicted.peak,
+                   predicted_seconds=schedule.predicted.time, status=schedule.solver.status,
+                   solve_seconds=solve_seconds)
+        if budget == budgets[-1]:
+            torch.cuda.memory._record_memory_history(stacks="python", max_entries=200_000)
+        log = OpLog()
+        with log:
+            first = measured_peak(wrapped, x, weights, model)
+        first["peak"] = log.peak  # the meter's reading was reset by the log
+        if budget == budgets[-1]:
+            torch.cuda.memory._dump_snapshot(str(out / f"{tag}.snapshot.pickle"))
+            torch.cuda.memory._record_memory_history(enabled=None)
+        (out / f"{tag}.ops.json").write_text(json.dumps(log.rows))
+        run["first"] = first
+        run["second"] = measured_peak(wrapped, x, weights, model)
+        run["seconds"] = median_step_seconds(wrapped, x, weights)
+        (out / f"{tag}.graphs.py").write_text(
+            "\n# ---- backward ----\n".join(wrapped.graphs[k].code for k in ("forward", "backward")))
+        record(name, rec)
+    rec["gradients"] = float64_errors(model, x, out / f"{name}-{budgets[-1].rstrip('%')}.json", weights)
+    record(name, rec)
+
+
+def _resnet50(shape):
+    """MONAI ResNet-50 on the GPU in training mode, a batch and output weights for its loss."""
+    torch.manual_seed(0)
+    model = MODELS["resnet50"].build().cuda().train()
+    x = torch.randn(shape, device="cuda")
+    with torch.no_grad():
+        weights = torch.randn(model(x).shape, device="cuda")
+    return model, x, weights
+
+
+def resnet50(shape, out: Path, schedules: Path | None, record) -> None:
+    """MONAI ResNet-50 at MONeT's size: eager, per-block checkpointing and monet's schedules from
+    `schedules` (solved elsewhere from a problem profiled here; each is also replayed on this run's
+    fresh profile, which counts cuBLAS's workspaces): each one's peak and step time. The fresh profile
+    is written for solving elsewhere."""
+    from monet.schedules import load_schedule
+    from monet.solver import simulate
+
+    from .competitors import checkpoint_blocks
+
+    model, x, weights = _resnet50(shape)
+    rec = {"shape": list(shape), "eager": measured_peak(model, x, weights, model)}
+    rec["eager"]["seconds"] = median_step_seconds(model, x, weights, steps=3)
+    clear_grads(model)
+    torch.cuda.empty_cache()
+    record("resnet50", rec)
+    began = time.perf_counter()
+    problem = monet.profile(model, shape, cost_model="measured")
+    rec["profile_seconds"] = time.perf_counter() - began
+    rec["held"] = problem.problem.held
+    problem.save(out / f"resnet50-b{shape[0]}.problem.json")
+    torch.cuda.empty_cache()
+    record("resnet50", rec)
+    blocks = copy.deepcopy(model)
+    checkpoint_blocks(blocks, MODELS["resnet50"].blocks(blocks))
+    rec["checkpoint-blocks"] = measured_peak(blocks, x, weights, blocks)
+    rec["checkpoint-blocks"]["seconds"] = median_step_seconds(blocks, x, weights, steps=3)
+    del blocks
+    torch.cuda.empty_cache()
+    record("resnet50", rec)
+    for path in sorted(schedules.glob("*.json")) if schedules else ():
+        schedule = load_schedule(path)
+        wrapped = MONeTWrapper(model, schedule, shape)
+        run = {"budget": schedule.budget, "predicted": schedule.predicted.peak,
+               "predicted_seconds": schedule.predicted.time, "status": schedule.solver.status,
+               "replayed_here": simulate(problem.problem, schedule.schedule.on(problem.problem)).peak}
+        run["first"] = measured_peak(wrapped, x, weights, model)
+        run["second"] = measured_peak(wrapped, x, weights, model)
+        run["seconds"] = median_step_seconds(wrapped, x, weights)
+        rec[path.stem] = run
+        del wrapped
+        clear_grads(model)
+        torch.cuda.empty_cache()
+        record("resnet50", rec)
+
+
+def resnet50_compiled(shape, share: float, record) -> None:
+    """torch.compile's training step of the same ResNet-50 at `share` of its activation memory."""
+    from .competitors import compiled
+
+    model, x, weights = _resnet50(shape)
+    began = time.perf_counter()
+    module = compiled(model, share, lambda m: step(m, x, weights))
+    rec = {"share": share, "compile_seconds": time.perf_counter() - began}
+    rec.update(measured_peak(module, x, weights, module))
+    rec["seconds"] = median_step_seconds(module, x, weights)
+    record("resnet50-compiled", rec)
+
+
+def gradients_at(name: str, shape, out: Path, time_limit: float, record) -> None:
+    """A benchmark model at a batch whose float64 step fits: its 50 % schedule's gradient errors."""
+    torch.manual_seed(0)
+    model = MODELS[name].build().cuda().train()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=gen).cuda()
+    with torch.no_grad():
+        weights = torch.randn(copy.deepcopy(model)(x).shape, generator=gen).cuda()
+    schedule, least = solved(monet.profile(model, shape), "50%", time_limit)
+    rec = {"shape": list(shape), "predicted": schedule.predicted.peak, "status": schedule.solver.status,
+           "least_peak": least, "gradients": float64_errors(model, x, schedule, weights)}
+    record(f"{name}-gradients", rec)
+
+
+def batch_norm_kernels(record) -> None:
+    """Training batch norm at ResNet-50 b184's sizes: the graph's kernels (native, as monet runs the traced
+    step) against cuDNN's (as eager PyTorch runs it): forward and backward milliseconds, cuDNN's reserve
+    bytes, and how far cuDNN's results are from native's."""
+    rows = {}
+    for c, hw in ((64, 112), (256, 56), (512, 28), (1024, 14), (2048, 7)):
+        rows[f"{c}x{hw}x{hw}"] = _batch_norm_pair(184, c, hw)
+        record("batch-norm", rows)
+
+
+def _batch_norm_pair(n: int, c: int, hw: int) -> dict:
+    aten = torch.ops.aten
+    x = torch.randn(n, c, hw, hw, device="cuda")
+    w, b = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
+    rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+    g = torch.randn_like(x)
+
+    def native():
+        out, mean, invstd, _, _ = aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5)
+        return out, aten.native_batch_norm_backward(g, x, w, rm, rv, mean, invstd, True, 1e-5, [True] * 3), None
+
+    def cudnn():
+        out, mean, invstd, reserve = aten.cudnn_batch_norm(x, w, b, rm.clone(), rv.clone(), True, 0.1, 1e-5)
+        return out, aten.cudnn_batch_norm_backward(x, g, w, rm, rv, mean, invstd, 1e-5, reserve), reserve
+
+    row = {}
+    for name, fn in (("native", native), ("cudnn", cudnn)):
+        fn()
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        row[f"{name}_ms"] = (time.perf_counter() - began) / 10 * 1e3
+    (out_n, grads_n, _), (out_c, grads_c, reserve) = native(), cudnn()
+    row.update(reserve_bytes=reserve.numel() * reserve.element_size(), out_rel=rel(out_c, out_n),
+               grad_rel=[rel(a, b) for a, b in zip(grads_c, grads_n)])
+    return row
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-o", "--output", type=Path, required=True)
+    parser.add_argument("--stages", nargs="+",
+                        default=["resnet50", "cnn", "transformer", "resnet50-gradients", "resnet50-compiled"])
+    parser.add_argument("--schedules", type=Path, help="ResNet-50 schedules (*.json) solved elsewhere")
+    parser.add_argument("--compile-share", type=float, default=0.5,
+                        help="torch.compile's activation_memory_budget for resnet50-compiled. Default: 0.5")
+    parser.add_argument("--deadline", type=float, default=240, help="seconds after which no stage starts")
+    parser.add_argument("--time-limit", type=float, default=20, help="solver seconds per schedule")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_check needs a CUDA device")
+    out = args.output
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+               "device": torch.cuda.get_device_name(), "tf32": [torch.backends.cuda.matmul.allow_tf32,
+                                                              torch.backends.cudnn.allow_tf32]}
+    began = time.perf_counter()
+
+    def record(stage, rec):
+        results[stage] = rec
+        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        print(f"[{time.perf_counter() - began:.0f}s] {stage}: {json.dumps(rec, default=str)[:1500]}", flush=True)
+
+    stages = {
+        "cnn": lambda: check_model("cnn", monet.models.ResidualCNN(), (32, 3, 64, 64), ["100%", "50%"], out,
+                                   args.time_limit, record),
+        "transformer": lambda: check_model("transformer", monet.models.Transformer(dim=256, depth=4, dropout=0.0),
+                                           (16, 256, 256), ["100%", "50%"], out, args.time_limit, record),
+        "resnet50": lambda: resnet50((184, 3, 224, 224), out, args.schedules, record),
+        "resnet50-compiled": lambda: resnet50_compiled((184, 3, 224, 224), args.compile_share, record),
+        "batch-norm": lambda: batch_norm_kernels(record),
+        "resnet50-gradients": lambda: gradients_at("resnet50", (32, 3, 224, 224), out, args.time_limit, record),
+    }
+    for stage in args.stages:
+        if time.perf_counter() - began > args.deadline:
+            print(f"deadline: {stage} not started", flush=True)
+            continue
+        try:
+            stages[stage]()
+        except Exception as exc:  # a failed stage is a finding; the next one still runs
+            results[stage + ":error"] = repr(exc)
+            record(stage + ":error", repr(exc))
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
