@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import monet
 import monet.models
 from monet import InfeasibleBudgetError, MONeTWrapper, PeakMemory
+from monet.graph.kernels import cudnn_benchmark
 
 from .models import MODELS
 
@@ -123,7 +124,7 @@ def float64_errors(model, x, schedule, weights) -> dict:
         with tf32(on):
             eager_model = copy.deepcopy(model)
             ge = grads(eager_model, eager_model, x, weights)
-            with benchmark_algorithms():
+            with cudnn_benchmark():
                 gb = grads(eager_model, eager_model, x, weights)
             monet_model = copy.deepcopy(model)
             gm = grads(MONeTWrapper(monet_model, schedule, tuple(x.shape)), monet_model, x, weights)
@@ -131,16 +132,6 @@ def float64_errors(model, x, schedule, weights) -> dict:
             n: {"eager": rel(ge[n], g64[n]), "eager_benchmark": rel(gb[n], g64[n]), "monet": rel(gm[n], g64[n]),
                 "norm": g64[n].norm().item()} for n in g64}
     return result
-
-
-@contextlib.contextmanager
-def benchmark_algorithms():
-    was = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = was
 
 
 def solved(problem, budget, time_limit: float):

@@ -293,7 +293,8 @@ def convolution_backward_native(*args):
 
 
 @contextlib.contextmanager
-def _cudnn_benchmark():
+def cudnn_benchmark():
+    """cuDNN's algorithms as `torch.backends.cudnn.benchmark` times them, inside the block."""
     before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True
     try:
@@ -304,11 +305,11 @@ def _cudnn_benchmark():
 
 def convolution_benchmarked(*args):
     """aten.convolution with cuDNN's algorithm chosen by timing (cudnn.benchmark)."""
-    with _cudnn_benchmark():
+    with cudnn_benchmark():
         return torch.ops.aten.convolution.default(*args)
 
 
 def convolution_backward_benchmarked(*args):
     """aten.convolution_backward with cuDNN's algorithms chosen by timing."""
-    with _cudnn_benchmark():
+    with cudnn_benchmark():
         return torch.ops.aten.convolution_backward.default(*args)
