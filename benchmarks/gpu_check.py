@@ -58,13 +58,17 @@ class OpLog(TorchDispatchMode):
 
 @contextlib.contextmanager
 def tf32(on: bool):
-    """TF32 in matrix products and cuDNN convolutions on or off, as it was after."""
-    was = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
+    """TF32 in cuBLAS's matrix products and cuDNN's convolutions on or off, as it was after. Set through
+    `fp32_precision` ("tf32" or "ieee"): the legacy `torch.backends.cudnn.allow_tf32 = False` leaves
+    cuDNN's convolution precision at "none" (seen on torch 2.13), not "ieee", and reading the legacy
+    flag after the new one is set raises."""
+    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
+    was = conv.fp32_precision, matmul.fp32_precision
+    conv.fp32_precision = matmul.fp32_precision = "tf32" if on else "ieee"
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was
+        conv.fp32_precision, matmul.fp32_precision = was
 
 
 def step(module, x, weights):
@@ -329,8 +333,8 @@ def main(argv=None) -> None:
     out = args.output
     out.mkdir(parents=True, exist_ok=True)
     results = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-               "device": torch.cuda.get_device_name(), "tf32": [torch.backends.cuda.matmul.allow_tf32,
-                                                              torch.backends.cudnn.allow_tf32]}
+               "device": torch.cuda.get_device_name(), "tf32": [torch.backends.cuda.matmul.fp32_precision,
+                                                              torch.backends.cudnn.conv.fp32_precision]}
     began = time.perf_counter()
 
     def record(stage, rec):
