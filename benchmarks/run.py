@@ -9,6 +9,7 @@ folder, each naming the machine.
     python -m benchmarks.run --quick                      # every model at a small input; minutes per model on a CPU
     python -m benchmarks.run --quick cnn --budgets 50% 70%
     python -m benchmarks.run resnet50 --device cuda       # full size (batch 32, 224x224), for a GPU
+    python -m benchmarks.run resnet50 --device cuda --batch 184   # MONeT's setting
 
 Budgets are percentages of the unconstrained peak as monet predicts it, byte sizes, or `least`
 (the least peak monet's solver reaches); torch.compile gets the same share as its
@@ -62,6 +63,8 @@ def bench_model(name: str, args: argparse.Namespace) -> None:
     """Trace, build, measure and write the results of one model."""
     bench = MODELS[name]
     shape = bench.quick_shape if args.quick else bench.input_shape
+    if args.batch:
+        shape = (args.batch, *shape[1:])
     tag = shape_tag(bench, shape)
     torch.manual_seed(0)
     model = bench.build().to(args.device)
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", metavar="MODEL",
                         help=f"default: every one but cnn ({', '.join(MODELS)})")
     parser.add_argument("--quick", action="store_true", help="small inputs (each model's quick shape)")
+    parser.add_argument("--batch", type=int, help="batch size instead of the shape's own (MONeT's settings: "
+                                                  "resnet50 184, googlenet 320, mobilenet_v2 272, vgg16 176)")
     parser.add_argument("--budgets", nargs="+", help="default: least 50%% 100%% (quick); least 30%% 50%% 70%% 100%%")
     parser.add_argument("--competitors", nargs="+", default=list(FAMILIES), metavar="NAME",
                         help=f"default: all ({', '.join(FAMILIES)}); {', '.join(BUDGETED)} run at every budget")
@@ -150,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (3 if args.quick else 10)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be at least 1 and --warmup at least 0")
+    if args.batch is not None and args.batch < 1:
+        parser.error("--batch must be at least 1")
 
     for name in args.models:
         bench_model(name, args)

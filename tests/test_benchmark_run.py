@@ -24,11 +24,12 @@ LEAST_MAY_FIND_NONE = {"monet-checkpointing", "monet-compiled"}
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    done = subprocess.run([sys.executable, "-m", "benchmarks.run", "cnn", "--quick", "--budgets", "least", "60%",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.run", "cnn", "--quick", "--batch", "6", "--budgets",
+                           "least", "60%",
                            "--time-limit", "10", "--steps", "2", "--cache", str(out / "cache"), "-o", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out, json.loads((out / "cnn-b8-32.json").read_text())
+    return out, json.loads((out / "cnn-b6-32.json").read_text())
 
 
 def test_every_competitor_has_a_row(results):
@@ -66,18 +67,19 @@ def test_monet_within_budget_and_predicted(results):
 def test_result_files(results):
     out, data = results
     for suffix in ("csv", "md", "png"):
-        assert (out / f"cnn-b8-32.{suffix}").stat().st_size > 0
-    assert (out / "cnn-b8-32.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out / f"cnn-b6-32.{suffix}").stat().st_size > 0
+    assert (out / "cnn-b6-32.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / "results.md").read_text()
     assert data["machine"] in table
     assert all(f"| {c} |" in table for c in FAMILIES)
-    csv_lines = (out / "cnn-b8-32.csv").read_text().splitlines()
+    csv_lines = (out / "cnn-b6-32.csv").read_text().splitlines()
     assert len(csv_lines) == len(data["rows"]) + 1
 
 
 def test_bad_arguments_are_refused():
     for args, message in ((["nope"], "unknown models"), (["cnn", "--budgets", "lots"], "budget"),
-                          (["cnn", "--competitors", "magic"], "unknown competitors")):
+                          (["cnn", "--competitors", "magic"], "unknown competitors"),
+                          (["cnn", "--batch", "0"], "--batch must be at least 1")):
         done = subprocess.run([sys.executable, "-m", "benchmarks.run", *args], cwd=REPO, capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 2 and message in done.stderr, done.stderr
