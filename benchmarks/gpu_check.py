@@ -9,9 +9,10 @@ DIR/results.json (one record per stage, rewritten as each ends) and, per stage:
   step (`*.ops.json`: every ATen call in order with the bytes allocated after it and the allocator's peak
   during it) and a CUDA memory snapshot of the 50 % step; and every parameter's gradient error against
   a float64 run (see float64_errors).
-- `resnet50`: MONAI ResNet-50 at batch 184 (MONeT's size): eager, per-block checkpointing and the
-  schedules in `--schedules` (solved elsewhere), each one's peak and step time; a fresh profile.
-- `resnet50-compiled`: torch.compile's step at `--compile-share` of its activation memory.
+- `runs`: each of `--models` at MONeT's batch size (MONAI ResNet-50 184, GoogLeNet 320, MobileNetV2 272,
+  VGG-16 176; 224x224): eager, per-block checkpointing and the schedules in `--schedules` (solved
+  elsewhere), each one's peak and step time; a fresh profile, written for solving elsewhere.
+- `compiled`: torch.compile's step of each of `--models` at `--compile-share` of its activation memory.
 - `resnet50-gradients`: ResNet-50 at batch 32, its 50 % schedule's gradient errors against float64.
 - `batch-norm`: training batch norm's native kernels (the traced graph's) against cuDNN's (eager's).
 Stages are not started once `--deadline` seconds have passed; a stage that fails is recorded and the
@@ -194,47 +195,57 @@ def check_model(name: str, model, shape, budgets, out: Path, time_limit: float, 
     record(name, rec)
 
 
-def _resnet50(shape):
-    """MONAI ResNet-50 on the GPU in training mode, a batch and output weights for its loss."""
+STAGES = ("cnn", "transformer", "runs", "compiled", "resnet50-gradients", "batch-norm")
+# MONeT's published settings (batch sizes at 224x224), which the `runs` and `compiled` stages use
+MONET_BATCH = {"resnet50": 184, "googlenet": 320, "mobilenet_v2": 272, "vgg16": 176}
+
+
+def monet_shape(name: str) -> tuple[int, ...]:
+    return (MONET_BATCH[name], *MODELS[name].input_shape[1:])
+
+
+def _benchmark_model(name: str, shape):
+    """A benchmark model on the GPU in training mode, a batch and output weights for its loss."""
     torch.manual_seed(0)
-    model = MODELS["resnet50"].build().cuda().train()
+    model = MODELS[name].build().cuda().train()
     x = torch.randn(shape, device="cuda")
     with torch.no_grad():
         weights = torch.randn(model(x).shape, device="cuda")
     return model, x, weights
 
 
-def resnet50(shape, out: Path, schedules: Path | None, record) -> None:
-    """MONAI ResNet-50 at MONeT's size: eager, per-block checkpointing and monet's schedules from
-    `schedules` (solved elsewhere from a problem profiled here; each is also replayed on this run's
-    fresh profile, which counts cuBLAS's workspaces): each one's peak and step time. The fresh profile
-    is written for solving elsewhere."""
+def model_runs(name: str, out: Path, schedules: Path | None, record) -> None:
+    """A benchmark model at MONeT's size: eager, per-block checkpointing and monet's schedules in
+    `schedules` named NAME-*.json (solved elsewhere from a problem profiled here; each is also replayed on
+    this run's fresh profile), each one's peak and step time. The fresh profile is written as
+    NAME-bBATCH.problem.json, for solving elsewhere (and for the next run's schedules)."""
     from monet.schedules import load_schedule
     from monet.solver import simulate
 
     from .competitors import checkpoint_blocks
 
-    model, x, weights = _resnet50(shape)
+    shape = monet_shape(name)
+    model, x, weights = _benchmark_model(name, shape)
     rec = {"shape": list(shape), "eager": measured_peak(model, x, weights, model)}
     rec["eager"]["seconds"] = median_step_seconds(model, x, weights, steps=3)
     clear_grads(model)
     torch.cuda.empty_cache()
-    record("resnet50", rec)
+    record(name, rec)
     began = time.perf_counter()
     problem = monet.profile(model, shape, cost_model="measured")
     rec["profile_seconds"] = time.perf_counter() - began
     rec["held"] = problem.problem.held
-    problem.save(out / f"resnet50-b{shape[0]}.problem.json")
+    problem.save(out / f"{name}-b{shape[0]}.problem.json")
     torch.cuda.empty_cache()
-    record("resnet50", rec)
+    record(name, rec)
     blocks = copy.deepcopy(model)
-    checkpoint_blocks(blocks, MODELS["resnet50"].blocks(blocks))
+    checkpoint_blocks(blocks, MODELS[name].blocks(blocks))
     rec["checkpoint-blocks"] = measured_peak(blocks, x, weights, blocks)
     rec["checkpoint-blocks"]["seconds"] = median_step_seconds(blocks, x, weights, steps=3)
     del blocks
     torch.cuda.empty_cache()
-    record("resnet50", rec)
-    for path in sorted(schedules.glob("*.json")) if schedules else ():
+    record(name, rec)
+    for path in sorted(schedules.glob(f"{name}-*.json")) if schedules else ():
         schedule = load_schedule(path)
         wrapped = MONeTWrapper(model, schedule, shape)
         run = {"budget": schedule.budget, "predicted": schedule.predicted.peak,
@@ -247,20 +258,21 @@ def resnet50(shape, out: Path, schedules: Path | None, record) -> None:
         del wrapped
         clear_grads(model)
         torch.cuda.empty_cache()
-        record("resnet50", rec)
+        record(name, rec)
 
 
-def resnet50_compiled(shape, share: float, record) -> None:
-    """torch.compile's training step of the same ResNet-50 at `share` of its activation memory."""
+def compiled_run(name: str, share: float, record) -> None:
+    """torch.compile's training step of the same model at `share` of its activation memory."""
     from .competitors import compiled
 
-    model, x, weights = _resnet50(shape)
+    shape = monet_shape(name)
+    model, x, weights = _benchmark_model(name, shape)
     began = time.perf_counter()
     module = compiled(model, share, lambda m: step(m, x, weights))
-    rec = {"share": share, "compile_seconds": time.perf_counter() - began}
+    rec = {"shape": list(shape), "share": share, "compile_seconds": time.perf_counter() - began}
     rec.update(measured_peak(module, x, weights, module))
     rec["seconds"] = median_step_seconds(module, x, weights)
-    record("resnet50-compiled", rec)
+    record(f"{name}-compiled", rec)
 
 
 def gradients_at(name: str, shape, out: Path, time_limit: float, record) -> None:
@@ -320,11 +332,13 @@ def _batch_norm_pair(n: int, c: int, hw: int) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-o", "--output", type=Path, required=True)
-    parser.add_argument("--stages", nargs="+",
-                        default=["resnet50", "cnn", "transformer", "resnet50-gradients", "resnet50-compiled"])
+    parser.add_argument("--stages", nargs="+", choices=STAGES,
+                        default=["runs", "cnn", "transformer", "resnet50-gradients", "compiled"])
+    parser.add_argument("--models", nargs="+", default=["resnet50"], choices=sorted(MONET_BATCH),
+                        help="models the runs and compiled stages measure, at MONeT's batch sizes. Default: resnet50")
     parser.add_argument("--schedules", type=Path, help="ResNet-50 schedules (*.json) solved elsewhere")
     parser.add_argument("--compile-share", type=float, default=0.5,
-                        help="torch.compile's activation_memory_budget for resnet50-compiled. Default: 0.5")
+                        help="torch.compile's activation_memory_budget in the compiled stage. Default: 0.5")
     parser.add_argument("--deadline", type=float, default=240, help="seconds after which no stage starts")
     parser.add_argument("--time-limit", type=float, default=20, help="solver seconds per schedule")
     args = parser.parse_args(argv)
@@ -347,8 +361,8 @@ def main(argv=None) -> None:
                                    args.time_limit, record),
         "transformer": lambda: check_model("transformer", monet.models.Transformer(dim=256, depth=4, dropout=0.0),
                                            (16, 256, 256), ["100%", "50%"], out, args.time_limit, record),
-        "resnet50": lambda: resnet50((184, 3, 224, 224), out, args.schedules, record),
-        "resnet50-compiled": lambda: resnet50_compiled((184, 3, 224, 224), args.compile_share, record),
+        "runs": lambda: [model_runs(name, out, args.schedules, record) for name in args.models],
+        "compiled": lambda: [compiled_run(name, args.compile_share, record) for name in args.models],
         "batch-norm": lambda: batch_norm_kernels(record),
         "resnet50-gradients": lambda: gradients_at("resnet50", (32, 3, 224, 224), out, args.time_limit, record),
     }
