@@ -59,12 +59,16 @@ def resolve_budgets(texts: list[str], problem: Problem, full_peak: int,
     return sorted(budgets), starts
 
 
+def input_shape(bench, quick: bool, batch: int | None) -> tuple[int, ...]:
+    """The model's quick or full input shape, with `batch` as its batch size where given."""
+    shape = bench.quick_shape if quick else bench.input_shape
+    return shape if batch is None else (batch, *shape[1:])
+
+
 def bench_model(name: str, args: argparse.Namespace) -> None:
     """Trace, build, measure and write the results of one model."""
     bench = MODELS[name]
-    shape = bench.quick_shape if args.quick else bench.input_shape
-    if args.batch:
-        shape = (args.batch, *shape[1:])
+    shape = input_shape(bench, args.quick, args.batch)
     tag = shape_tag(bench, shape)
     torch.manual_seed(0)
     model = bench.build().to(args.device)

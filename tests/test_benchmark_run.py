@@ -11,6 +11,8 @@ import pytest
 REPO = Path(__file__).parents[1]
 sys.path.insert(0, str(REPO))  # benchmarks/ is not a package
 from benchmarks.competitors import FAMILIES  # noqa: E402
+from benchmarks.models import MODELS  # noqa: E402
+from benchmarks.run import input_shape  # noqa: E402
 
 # Checkmate's MILP may find no schedule within the time limit (it is slow to find a first one);
 # its row must say so. Every other competitor must run on this model.
@@ -24,12 +26,11 @@ LEAST_MAY_FIND_NONE = {"monet-checkpointing", "monet-compiled"}
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    done = subprocess.run([sys.executable, "-m", "benchmarks.run", "cnn", "--quick", "--batch", "6", "--budgets",
-                           "least", "60%",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.run", "cnn", "--quick", "--budgets", "least", "60%",
                            "--time-limit", "10", "--steps", "2", "--cache", str(out / "cache"), "-o", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out, json.loads((out / "cnn-b6-32.json").read_text())
+    return out, json.loads((out / "cnn-b8-32.json").read_text())
 
 
 def test_every_competitor_has_a_row(results):
@@ -67,13 +68,18 @@ def test_monet_within_budget_and_predicted(results):
 def test_result_files(results):
     out, data = results
     for suffix in ("csv", "md", "png"):
-        assert (out / f"cnn-b6-32.{suffix}").stat().st_size > 0
-    assert (out / "cnn-b6-32.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out / f"cnn-b8-32.{suffix}").stat().st_size > 0
+    assert (out / "cnn-b8-32.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / "results.md").read_text()
     assert data["machine"] in table
     assert all(f"| {c} |" in table for c in FAMILIES)
-    csv_lines = (out / "cnn-b6-32.csv").read_text().splitlines()
+    csv_lines = (out / "cnn-b8-32.csv").read_text().splitlines()
     assert len(csv_lines) == len(data["rows"]) + 1
+
+
+def test_batch_replaces_the_batch_size_alone():
+    assert input_shape(MODELS["resnet50"], False, 184) == (184, 3, 224, 224)
+    assert input_shape(MODELS["cnn"], True, None) == MODELS["cnn"].quick_shape
 
 
 def test_bad_arguments_are_refused():
