@@ -65,10 +65,10 @@ def test_gradients_are_as_exact_as_eager_float32(cuda_model):
     """Against float64 eager on the same batch, monet's gradient error is eager float32's: per parameter
     at most twice eager's, and over all parameters together at most 1.25 times, with TF32 on (cuDNN's
     default; errors near 0.1 on the CNN) and off. monet runs the traced ATen ops (native batch norm
-    where eager runs cuDNN's), so its float32 rounding is not eager's: on an H200 its per-parameter error
-    was 0.91 to 1.29 times eager's on the CNN and 1.0 on the transformer. A parameter whose float64
-    gradient is near 0 (a convolution bias before a batch norm) is measured against 1e-4 of the
-    largest gradient instead of its own."""
+    where eager runs cuDNN's), so its float32 rounding is not eager's: on an H200, with TF32 on, its
+    per-parameter error was 0.91 to 1.29 times eager's on the CNN and equal on the transformer. A
+    parameter whose float64 gradient is near 0 (a convolution bias before a batch norm) is measured
+    against 1e-4 of the largest gradient instead of its own."""
     model, shape, schedule = cuda_model
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(shape, generator=gen).cuda()
