@@ -16,7 +16,7 @@ monet's solves of the converted instance, from the records in monet-instances-so
     python -m benchmarks.monet_instances --solve 60 [--solve 300] [--only vgg16] [--deadline S]
 
 solves each instance (SETTINGS: the compact formulation, then the general one from its schedule
-with reruns at most 40 stages ahead, then unbounded; GoogLeNet: LADDERS; implementation choices on,
+with reruns at most 40 stages ahead, then unbounded; GoogLeNet and UNet: LADDERS; implementation choices on,
 gap 1e-4; HiGHS's heuristic effort 1 unless --heuristic-effort says otherwise) at each time limit
 and appends one record per solve to that file (a rerun replaces an instance's record at the same
 limit); --deadline stops starting new solves after S seconds.
@@ -53,7 +53,11 @@ SETTINGS = SolveSettings(formulation=("compact", "general", "general"), horizon=
 # seconds), and its better schedules rerun further ahead: the compact formulation at any distance, started from
 # that optimum, takes the second rung (5 GB: +1.17 % -> +0.34 % of Gurobi's). The same ladder on UNet 5 GB
 # ended at +11.2 % (was +1.47 %), so it is GoogLeNet's alone: settings chosen per model, by measurement.
-LADDERS = {"googlenet": SETTINGS.but(formulation=("compact", "compact", "general"), horizon=("auto", None, None))}
+# UNet's skip connections tie decisions at opposite ends of the step, where HiGHS's search of the whole ILP
+# stalls (the ladder: 5 GB +1.47 %, 6 GB +0.71 %); the compact formulation's schedule after half the time,
+# then a neighbourhood search (SolveSettings.polish; solver/polish.py) for the other half.
+LADDERS = {"googlenet": SETTINGS.but(formulation=("compact", "compact", "general"), horizon=("auto", None, None)),
+           "un": SETTINGS.but(formulation="compact", horizon="auto", polish=0.5)}
 SAFE = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
         ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "scalar"), ("collections", "defaultdict"), ("builtins", "set"),
@@ -229,8 +233,10 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
     began = time.perf_counter()
     settings = LADDERS.get(inst.model, SETTINGS).but(time_limit=time_limit, heuristic_effort=heuristic_effort)
     record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit,
-              "heuristic_effort": heuristic_effort, "formulation": ",".join(settings.formulation),
-              "horizon": ",".join(str(h).lower() for h in settings.horizon)}
+              "heuristic_effort": heuristic_effort, "formulation": ",".join(_listed(settings.formulation)),
+              "horizon": ",".join(str(h).lower() for h in _listed(settings.horizon))}
+    if settings.polish:
+        record["polish"] = settings.polish
     try:
         sol = solve(converted.problem, budget_bytes(inst), settings)
     except Exception as exc:  # an infeasible or failed solve is a result to report
@@ -240,6 +246,11 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
                   seconds=time.perf_counter() - began, peak=sol.replay.peak, budget=budget_bytes(inst),
                   replayed=sol.replay.time / UNIT, note=getattr(sol, "note", None))
     return record
+
+
+def _listed(setting) -> list:
+    """A ladder's setting as a list (one rung's value as a list of one)."""
+    return list(setting) if isinstance(setting, (list, tuple)) else [setting]
 
 
 def read_solves(path: Path) -> dict[tuple[str, float, float], dict]:
@@ -257,8 +268,11 @@ def _rungs(record: dict) -> str:
     formulations = record.get("formulation", "compact").split(",")
     horizons = record.get("horizon", "").split(",")
     if len(formulations) <= 2 or len(horizons) != len(formulations):
-        return ",".join(formulations)  # as the solves recorded before horizons were named in cells
-    return ",".join(f"{f} ({h})" for f, h in zip(formulations, horizons, strict=True))
+        rungs = ",".join(formulations)  # as the solves recorded before horizons were named in cells
+    else:
+        rungs = ",".join(f"{f} ({h})" for f, h in zip(formulations, horizons, strict=True))
+    polish = record.get("polish")
+    return rungs + (f", then polished ({polish:.0%} of the time)" if polish else "")
 
 
 def table(folder: Path, solves: dict | None = None) -> str:

@@ -113,6 +113,11 @@ def _settings_options(parser: argparse.ArgumentParser, *, time_limit_help: str =
                         help="share (0 to 1) of HiGHS's search spent looking for schedules rather than proving "
                              "bounds: more helps large models that reach the time limit. "
                              f"Default: {DEFAULT.heuristic_effort:g} (HiGHS's)")
+    parser.add_argument("--polish", type=float, default=DEFAULT.polish, metavar="SHARE",
+                        help="share (0 to below 1) of the time limit kept, after the search, for a neighbourhood "
+                             "search that improves its schedule (HiGHS on pieces of the general formulation): "
+                             "finds faster schedules on the largest models. Default: "
+                             f"{DEFAULT.polish:g} (none)")
     parser.add_argument("--solver-log", action="store_true", help="show HiGHS's log while solving")
     if not per_strategy:
         parser.add_argument("--checkpointing-only", action="store_true",
@@ -125,7 +130,8 @@ def _settings_options(parser: argparse.ArgumentParser, *, time_limit_help: str =
 def _settings(args) -> SolveSettings:
     """The SolveSettings that the command line gives (what _settings_options added; the rest default)."""
     return SolveSettings(time_limit=args.time_limit, formulation=args.formulation, gap=args.gap / 100,
-                         horizon=args.horizon, heuristic_effort=args.heuristic_effort, solver_log=args.solver_log,
+                         horizon=args.horizon, heuristic_effort=args.heuristic_effort, polish=args.polish,
+                         solver_log=args.solver_log,
                          implementations=not getattr(args, "checkpointing_only", False),
                          allow_approximate=args.allow_approximate)
 
@@ -251,6 +257,8 @@ def _check(args, *, output_folder: bool = False) -> None:
         raise ValueError(f"--gap {args.gap:g} must be a percentage from 0 to 100")
     if not 0 <= getattr(args, "heuristic_effort", 0) <= 1:
         raise ValueError(f"--heuristic-effort {args.heuristic_effort:g} must be a share from 0 to 1")
+    if not 0 <= getattr(args, "polish", 0) < 1:
+        raise ValueError(f"--polish {args.polish:g} must be a share from 0 to below 1 (of the time limit)")
     if getattr(args, "steps", 1) <= 0:
         raise ValueError(f"--steps {args.steps} must be positive")
     if getattr(args, "output", None) is not None:

@@ -80,7 +80,7 @@ class Milp:
 
     def solve(self, *, time_limit: float, seed: int = 0, mip_rel_gap: float = 1e-4, abs_gap: float = 0.0,
               heuristic_effort: float = 0.05, warm: dict[int, float] | None = None, verbose: bool = False,
-              relax: bool = False, target: float | None = None,
+              relax: bool = False, target: float | None = None, fixed: dict[int, float] | None = None,
               progress: Callable[[float, float], None] | None = None) -> MilpResult:
         """Minimise the cost; stop when proven within `mip_rel_gap` (relative) or `abs_gap` (in
         cost units) of the optimum. `warm` fixes binaries to a known solution first (an LP, quick);
@@ -88,6 +88,7 @@ class Milp:
         `heuristic_effort` is HiGHS's `mip_heuristic_effort` (0 to 1, see SolveSettings).
         `relax` solves the LP relaxation instead (binaries anywhere in [0, 1]). `target` stops
         the search at the first solution that costs at most that (HiGHS's `objective_target`).
+        `fixed` holds variables at values for this run only (a neighbourhood of a solution).
         `progress(objective, bound)` is called every TICK seconds while HiGHS runs, from this
         thread, with the cost of the best solution found so far (inf before the first) and the
         proven lower bound (-inf before the first). Ctrl-C (KeyboardInterrupt) cancels HiGHS and
@@ -97,6 +98,8 @@ class Milp:
 
         binary = np.array(self._binary, dtype=bool)
         lower, upper = np.array(self._lower), np.array(self._upper)
+        for var_index, value in (fixed or {}).items():
+            lower[var_index] = upper[var_index] = value
         cost = np.zeros(self.size)
         for var_index, coef in self._cost.items():
             cost[var_index] = coef
@@ -138,11 +141,11 @@ class Milp:
 
         seeded, warm_state, warm_objective = None, None, np.inf
         if warm and binary.any():
-            fixed = lower.copy()
+            at_start = lower.copy()
             for var_index, value in warm.items():  # where the model fixes a variable, its fix stands
-                fixed[var_index] = min(max(value, lower[var_index]), upper[var_index])
+                at_start[var_index] = min(max(value, lower[var_index]), upper[var_index])
             col_lower, col_upper = lower.copy(), upper.copy()
-            col_lower[binary] = col_upper[binary] = fixed[binary]
+            col_lower[binary] = col_upper[binary] = at_start[binary]
             first, _ = run(col_lower, col_upper)
             warm_state = "rejected"
             if first.getModelStatus() == highspy.HighsModelStatus.kOptimal:

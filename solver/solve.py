@@ -13,6 +13,7 @@ from .formulation import Formulation
 from .general import General
 from .heuristics import Start, lean_options, warm_starts
 from .options import SolveSettings, settings_of
+from .polish import SECONDS, neighbourhood_search
 from .problem import Problem
 from .result import InfeasibleBudgetError, LeastPeak, Solution, SolverFailedError, format_bytes
 from .schedule import Schedule, keep_all
@@ -186,13 +187,55 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     `unconstrained`, the replay of keep_all(problem) where the caller has it, spares simulating it again.
     Ctrl-C (KeyboardInterrupt) stops the solver within a second.
     """
-    settings = settings_of(settings, **changes)
+    settings, began, progress = settings_of(settings, **changes), time.perf_counter(), progress or _quiet
     baseline = keep_all(problem, _fixed(problem, settings))
     baseline = (baseline, unconstrained if unconstrained is not None and not settings.options
                 else simulate(problem, baseline))
+    searching = settings.but(time_limit=settings.time_limit * (1 - settings.polish))
     if isinstance(settings.horizon, (list, tuple)) or isinstance(settings.formulation, (list, tuple)):
-        return _ladder(problem, budget, settings, start, progress or _quiet, baseline)
-    return _solve(problem, budget, settings, start, progress or _quiet, baseline, explain=True)
+        solution = _ladder(problem, budget, searching, start, progress, baseline)
+    else:
+        solution = _solve(problem, budget, searching, start, progress, baseline, explain=True)
+    if settings.polish:
+        solution = _polished(problem, budget, settings, solution, began + settings.time_limit, progress)
+    return solution
+
+
+def _polished(problem: Problem, budget: int, settings: SolveSettings, solution: Solution, until: float,
+              progress: Progress) -> Solution:
+    """`solution` improved by a neighbourhood search (solver/polish.py) in the general formulation, reruns at
+    any distance, until time.perf_counter() `until`; itself where the search finds nothing faster or it is
+    already proven optimal there. The bound becomes the lesser of its own and that formulation's LP relaxation
+    (valid for both)."""
+    if solution.status == "optimal" and solution.formulation == "general" and solution.horizon is None:
+        return solution
+    began = time.perf_counter()
+    total = until - began
+    progress("polishing: building the ILP", 0, None, "")
+    _, posed, fixed = _pose(problem, settings.but(formulation="general", horizon=None))
+    formulation = General(posed, budget, None, allow_approximate=settings.allow_approximate, options=fixed)
+    reference = solution.replay.time
+
+    def report(best: Replay, tried: int) -> None:
+        elapsed = time.perf_counter() - began
+        progress("polishing", elapsed, total, f"{tried} neighbourhoods, best so far {best.time / reference - 1:+.2%} "
+                                              f"step time; {max(0.0, total - elapsed):.0f} s left")
+
+    relaxed = formulation.milp.solve(relax=True, time_limit=max(1.0, min(SECONDS, until - time.perf_counter())))
+    found = neighbourhood_search(formulation, solution.schedule.remap(problem, posed), budget, until,
+                                 seed=settings.seed, heuristic_effort=settings.heuristic_effort, report=report)
+    spent = solution.solve_time + time.perf_counter() - began
+    if found is None:
+        return dataclasses.replace(solution, solve_time=spent)
+    schedule = _unpose(found[0], posed, problem, fixed)
+    replay = simulate(problem, schedule)
+    bound = solution.bound
+    if relaxed.status == "optimal":
+        bound = min(bound, formulation.fixed_time + max(0.0, relaxed.objective) / 1e3)
+    polished = _solution(schedule, replay, budget, formulation, "time_limit", replay.time, bound, began)
+    note = (f"polished by a neighbourhood search from the {solution.formulation} formulation's schedule "
+            f"({solution.replay.time:.6g} s; status {solution.status})")
+    return dataclasses.replace(polished, solve_time=spent, note=note, warnings=solution.warnings)
 
 
 def _rungs(settings: SolveSettings) -> list[tuple[str, int | None | str]]:

@@ -1,6 +1,7 @@
 """Both formulations: valid schedules within budget, optimality relations, errors."""
 
 import dataclasses
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +22,7 @@ from monet.solver import (
 from monet.solver.compact import Compact
 from monet.solver.general import General
 from monet.solver.heuristics import best_first_need, chen_candidates, recompute_at_first_need
+from monet.solver.polish import neighbourhood_search
 from monet.solver.stages import Stages
 
 
@@ -375,3 +377,38 @@ def test_a_budget_no_heuristic_schedule_meets_starts_from_the_least_peak_search(
     assert any("a first schedule within the budget" in stage for stage in stages)
     assert solution.status == "optimal" and solution.peak <= 801
     validate(p, solution.schedule)
+
+
+def test_a_neighbourhood_search_improves_a_schedule_the_whole_ilp_search_stops_at():
+    """relu_chain(12) at 50 %: the compact formulation's optimum (58.7 s) is not the general one's; HiGHS on the
+    whole general formulation had reached 58.4 s after 30 s (measured), the neighbourhood search 57.3 s in 3 s.
+    Each piece holds the decisions of the ops it does not free at the start's values."""
+    p = relu_chain(12)
+    budget = int(unconstrained(p) * 0.5)
+    compact = solve(p, budget, formulation="compact", time_limit=10, gap=1e-9)
+    formulation = General(p, budget, None)
+    start = formulation.warm_from(compact.schedule)
+    owners = formulation.owners()
+    held = {var: start[var] for var, ops in owners.items() if not ops & {p.forward_ops[0].id}}
+    piece = formulation.milp.solve(time_limit=5, warm=start, fixed=held)
+    assert piece.warm == "accepted" and all(piece.values[var] == value for var, value in held.items())
+    found = neighbourhood_search(formulation, compact.schedule, budget, time.perf_counter() + 3)
+    assert found is not None
+    schedule, replay = found
+    validate(p, schedule)
+    assert replay == simulate(p, schedule) and replay.peak <= budget
+    assert replay.time < compact.replay.time - 1.0
+
+
+def test_polish_keeps_a_share_of_the_time_for_the_neighbourhood_search():
+    p = relu_chain(12)
+    budget = int(unconstrained(p) * 0.5)
+    compact = solve(p, budget, formulation="compact", time_limit=4, gap=1e-9)
+    polished = solve(p, budget, formulation="compact", time_limit=8, gap=1e-9, polish=0.5)
+    assert polished.peak <= budget and polished.replay.time < compact.replay.time
+    assert polished.formulation == "general" and polished.horizon is None and polished.status == "time_limit"
+    assert "polished by a neighbourhood search from the compact formulation's schedule" in polished.note
+    assert polished.bound <= polished.objective and polished.solve_time < 8 + 2
+    for share in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="polish"):
+            solve(p, budget, polish=share)

@@ -1,0 +1,60 @@
+"""Polishing a schedule by neighbourhood search: HiGHS on small pieces of the general formulation.
+
+On the largest problems HiGHS's search of the whole ILP stalls short of the optimum within
+minutes: in UNet, skip connections tie decisions at opposite ends of the step together. A
+neighbourhood search (large neighbourhood search, a standard MIP heuristic) starts from the best
+schedule so far, frees the decisions of a random share of the forward ops (whether their outputs
+are kept, where they rerun, how their choices run) and holds every other decision at the
+schedule's value. HiGHS solves that small ILP in seconds; the simulator keeps its schedule when it
+replays faster within the budget. Fresh random pieces follow until the time is spent, larger after
+a piece that HiGHS proved holds nothing better, smaller after one it could not finish (adaptive,
+as such searches usually are). It proves no bound: the caller states one.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+from .general import General
+from .schedule import Schedule
+from .simulate import Replay, simulate
+
+SHARE = 0.3  # of the forward ops, whose decisions the first neighbourhood frees
+SHARES = (0.1, 0.9)  # the least and most it frees: more after a piece proven to hold nothing better, less after
+GROW = 1.1  # one that ran out of time
+SECONDS = 10.0  # at most, HiGHS's time on one neighbourhood
+
+
+def neighbourhood_search(formulation: General, start: Schedule, budget: int, until: float, *, seed: int = 0,
+                         heuristic_effort: float = 0.05,
+                         report: Callable[[Replay, int], None] = lambda *_: None) -> tuple[Schedule, Replay] | None:
+    """The fastest schedule of `formulation.problem` within `budget` bytes that the search finds from
+    `start` (a schedule of that problem) by time.perf_counter() `until`; None when none is faster
+    than `start`. `report(best replay, neighbourhoods tried)` hears of each neighbourhood."""
+    problem = formulation.problem
+    values = formulation.warm_from(start)
+    if values is None:  # the formulation poses every schedule at an unbounded horizon; a horizon may exclude it
+        return None
+    owners = formulation.owners()
+    forward = [op.id for op in problem.forward_ops]
+    rng = random.Random(seed)
+    best, found, tried, share = simulate(problem, start), None, 0, SHARE
+    while (left := until - time.perf_counter()) >= 1.0:
+        free = set(rng.sample(forward, max(1, round(share * len(forward)))))
+        held = {var: values[var] for var, ops in owners.items() if not ops & free}
+        result = formulation.milp.solve(time_limit=min(SECONDS, left), seed=seed + tried, warm=values, fixed=held,
+                                        heuristic_effort=heuristic_effort)
+        tried += 1
+        improved = False
+        if result.values is not None:
+            schedule = formulation.schedule(result.values)
+            replay = simulate(problem, schedule)
+            if replay.peak <= budget and replay.time < best.time:
+                best, found, improved = replay, (schedule, replay), True
+                values = formulation.warm_from(schedule) or values
+        if not improved:
+            share = min(SHARES[1], share * GROW) if result.status == "optimal" else max(SHARES[0], share / GROW)
+        report(best, tried)
+    return found
