@@ -16,7 +16,7 @@ monet's solves of the converted instance, from the records in monet-instances-so
     python -m benchmarks.monet_instances --solve 60 [--solve 300] [--only vgg16] [--deadline S]
 
 solves each instance (SETTINGS: the compact formulation, then the general one from its schedule
-with reruns at most 40 stages ahead, then unbounded; GoogLeNet and UNet: LADDERS; implementation choices on,
+with reruns at most 40 stages ahead, then unbounded; GoogLeNet: LADDERS; implementation choices on,
 gap 1e-4; HiGHS's heuristic effort 1 unless --heuristic-effort says otherwise) at each time limit
 and appends one record per solve to that file (a rerun replaces an instance's record at the same
 limit); --deadline stops starting new solves after S seconds.
@@ -53,11 +53,9 @@ SETTINGS = SolveSettings(formulation=("compact", "general", "general"), horizon=
 # seconds), and its better schedules rerun further ahead: the compact formulation at any distance, started from
 # that optimum, takes the second rung (5 GB: +1.17 % -> +0.34 % of Gurobi's). The same ladder on UNet 5 GB
 # ended at +11.2 % (was +1.47 %), so it is GoogLeNet's alone: settings chosen per model, by measurement.
-# UNet's skip connections tie decisions at opposite ends of the step, where HiGHS's search of the whole ILP
-# stalls (the ladder: 5 GB +1.47 %, 6 GB +0.71 %); the compact formulation's schedule after half the time,
-# then a neighbourhood search (SolveSettings.polish; solver/polish.py) for the other half.
-LADDERS = {"googlenet": SETTINGS.but(formulation=("compact", "compact", "general"), horizon=("auto", None, None)),
-           "un": SETTINGS.but(formulation="compact", horizon="auto", polish=0.5)}
+# A neighbourhood search after the search (SolveSettings.polish) is no model's setting: on UNet it trades
+# instances (README, "MONeT's instances").
+LADDERS = {"googlenet": SETTINGS.but(formulation=("compact", "compact", "general"), horizon=("auto", None, None))}
 SAFE = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
         ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "scalar"), ("collections", "defaultdict"), ("builtins", "set"),
