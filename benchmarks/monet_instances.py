@@ -231,10 +231,8 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
     began = time.perf_counter()
     settings = LADDERS.get(inst.model, SETTINGS).but(time_limit=time_limit, heuristic_effort=heuristic_effort)
     record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit,
-              "heuristic_effort": heuristic_effort, "formulation": ",".join(_listed(settings.formulation)),
-              "horizon": ",".join(str(h).lower() for h in _listed(settings.horizon))}
-    if settings.polish:
-        record["polish"] = settings.polish
+              "heuristic_effort": heuristic_effort, "formulation": ",".join(settings.formulation),
+              "horizon": ",".join(str(h).lower() for h in settings.horizon)}
     try:
         sol = solve(converted.problem, budget_bytes(inst), settings)
     except Exception as exc:  # an infeasible or failed solve is a result to report
@@ -244,11 +242,6 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
                   seconds=time.perf_counter() - began, peak=sol.replay.peak, budget=budget_bytes(inst),
                   replayed=sol.replay.time / UNIT, note=getattr(sol, "note", None))
     return record
-
-
-def _listed(setting) -> list:
-    """A ladder's setting as a list (one rung's value as a list of one)."""
-    return list(setting) if isinstance(setting, (list, tuple)) else [setting]
 
 
 def read_solves(path: Path) -> dict[tuple[str, float, float], dict]:
@@ -266,11 +259,8 @@ def _rungs(record: dict) -> str:
     formulations = record.get("formulation", "compact").split(",")
     horizons = record.get("horizon", "").split(",")
     if len(formulations) <= 2 or len(horizons) != len(formulations):
-        rungs = ",".join(formulations)  # as the solves recorded before horizons were named in cells
-    else:
-        rungs = ",".join(f"{f} ({h})" for f, h in zip(formulations, horizons, strict=True))
-    polish = record.get("polish")
-    return rungs + (f", then polished ({polish:.0%} of the time)" if polish else "")
+        return ",".join(formulations)  # as the solves recorded before horizons were named in cells
+    return ",".join(f"{f} ({h})" for f, h in zip(formulations, horizons, strict=True))
 
 
 def table(folder: Path, solves: dict | None = None) -> str:

@@ -22,8 +22,8 @@ from .schedule import Schedule
 from .simulate import Replay, simulate
 
 SHARE = 0.3  # of the forward ops, whose decisions the first neighbourhood frees
-SHARES = (0.1, 0.9)  # the least and most it frees: more after a piece proven to hold nothing better, less after
-GROW = 1.1  # one that ran out of time
+SHARES = (0.1, 0.9)  # the least and the most share a neighbourhood frees
+GROW = 1.1  # the share's factor up after a piece proven to hold nothing better, down after one that ran out of time
 SECONDS = 10.0  # at most, HiGHS's time on one neighbourhood
 
 
