@@ -8,10 +8,10 @@ step. Each rank measures a steady step's peak (monet.memory.PeakMemory, from the
 the median time of the steps after it; the table shows the largest over the ranks. Methods: under
 DDP, eager, transformers' per-layer checkpointing, and MONeTWrapper with a schedule solved here for
 one rank's shard at `--budget` (for the whole step, SGD's included; where that is below the least
-peak, 2 % above the least); under FSDP2 (`fully_shard` on
-every block and the root), eager and checkpointing. monet does not run under FSDP2 yet (it refuses
-sharded parameters, see README), so that row says so. Writes distributed-<size>-cpu.{json,csv,md,png}
-to `-o`.
+peak, 2 % above the least); under FSDP2 (`fully_shard` on every block and the root), eager,
+checkpointing, and monet block by block (monet.wrap_blocks: each block's schedule solved here at
+`--block-budget` of that block's peak, the same fallback). Writes
+distributed-<size>-cpu.{json,csv,md,png} to `-o`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,10 @@ def _rank(rank: int, world: int, port: int, args: dict, schedule_file: str | Non
         inputs = shard(rank, args["batch"], args["length"])
         if args["method"] == "checkpointing":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        module = monet.MONeTWrapper(model, schedule_file, inputs) if schedule_file else model
+        if args["parallel"] == "fsdp2" and schedule_file:
+            monet.wrap_blocks(model, model.transformer.h, inputs, schedules=schedule_file)
+        module = monet.MONeTWrapper(model, schedule_file, inputs) if args["parallel"] == "ddp" and schedule_file \
+            else model
         if args["parallel"] == "ddp":
             module = torch.nn.parallel.DistributedDataParallel(module)
         else:
@@ -140,25 +143,26 @@ def bench(args: argparse.Namespace) -> list[dict]:
         for parallel, method in METHODS:
             row = {"parallel": parallel, "method": method, "budget": None, "predicted_peak": None, "note": ""}
             schedule_file = None
-            if method == "monet" and parallel == "fsdp2":
-                row.update(peak=None, step=None, note="not supported yet: monet refuses sharded parameters")
-                rows.append(row)
-                continue
-            if method == "monet":
+            if method == "monet" and parallel == "ddp":
                 began = time.perf_counter()
                 solve = functools.partial(monet.solve, gpt2(), shard(0, args.batch, args.length), optimizer="sgd",
                                           cost_model=args.cost_model, time_limit=args.time_limit)
-                try:
-                    schedule = solve(args.budget)
-                    row["budget"] = args.budget
-                except InfeasibleBudgetError as exc:  # parameters outweigh activations: run 2 % above the least
-                    schedule = solve(int(exc.least_peak * 1.02))
-                    row["budget"] = format_bytes(schedule.budget)
-                    row["note"] = f"{args.budget} infeasible: least peak {format_bytes(exc.least_peak)}; "
+                schedule = _solved(solve, args.budget, row)
                 schedule_file = f"{folder}/gpt2.json"
                 schedule.save(schedule_file)
                 row["predicted_peak"] = schedule.predicted.peak
                 row["note"] += f"{schedule.solver.status}, solved in {time.perf_counter() - began:.0f} s"
+            if method == "monet" and parallel == "fsdp2":
+                began, model = time.perf_counter(), gpt2()
+                blocks = model.transformer.h
+                wrap = functools.partial(monet.wrap_blocks, model, blocks, shard(0, args.batch, args.length),
+                                         cost_model=args.cost_model, time_limit=args.time_limit / len(blocks))
+                schedules = _solved(wrap, args.block_budget, row)
+                schedule_file = [f"{folder}/gpt2-block{i}.json" for i in range(len(schedules))]
+                for schedule, path in zip(schedules, schedule_file):
+                    schedule.save(path)
+                row["note"] += (f"per block, not predicted for the step; {schedules[0].solver.status}, solved in "
+                                f"{time.perf_counter() - began:.0f} s")
             found = run_ranks(args.ranks, {"parallel": parallel, "method": method, "batch": args.batch,
                                            "length": args.length, "steps": args.steps}, schedule_file, args.timeout)
             row["peak"], row["step"] = max(p for p, _ in found), max(t for _, t in found)
@@ -170,6 +174,19 @@ def bench(args: argparse.Namespace) -> list[dict]:
         row["peak_vs_eager"] = row["peak"] / eager["peak"] if row["peak"] else None
         row["step_vs_eager"] = row["step"] / eager["step"] if row["step"] else None
     return rows
+
+
+def _solved(solve, budget: str, row: dict):
+    """`solve(budget)`, or where that is below the least peak (parameters outweigh activations), `solve` 2 % above
+    the least; `row` says which."""
+    try:
+        found = solve(budget)
+        row["budget"] = budget
+    except InfeasibleBudgetError as exc:
+        found = solve(int(exc.least_peak * 1.02))
+        row["budget"] = format_bytes(int(exc.least_peak * 1.02))
+        row["note"] = f"{budget} infeasible: least peak {format_bytes(exc.least_peak)}; "
+    return found
 
 
 def markdown(header: dict, rows: list[dict]) -> str:
@@ -186,8 +203,9 @@ def markdown(header: dict, rows: list[dict]) -> str:
              f"One step: forward, backward (DDP's all-reduce, FSDP2's gathers and reduce-scatters), SGD's step. "
              f"Peak: a steady step's, the largest over the ranks (each rank's local parameters, batch and what the "
              f"step allocates); step: the median of {header['steps']} steps, the slowest rank's. vs eager: against "
-             f"eager under the same parallelism. monet solved for one rank's shard and the whole step "
-             f"({header['cost_model']} cost model, {header['time_limit']:g} s).")
+             f"eager under the same parallelism. monet solved for one rank's shard and the whole step under DDP, "
+             f"and block by block under FSDP2 (monet.wrap_blocks, each block at {header['block_budget']} of its "
+             f"own peak) ({header['cost_model']} cost model, {header['time_limit']:g} s in all).")
     return markdown_table(f"Several processes: {header['tag']}",
                           ("parallelism", "method", "budget", "predicted peak", "measured peak", "peak vs eager",
                            "step", "step vs eager", "note"), cells, intro=intro,
@@ -200,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4, help="sequences per rank. Default: %(default)s")
     parser.add_argument("--length", type=int, default=256, help="tokens per sequence. Default: %(default)s")
     parser.add_argument("--budget", default="50%", help="monet's budget per rank. Default: %(default)s")
+    parser.add_argument("--block-budget", default="75%",
+                        help="monet's budget per block under FSDP2, of that block's peak. Default: %(default)s")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per rank. Default: %(default)s")
     parser.add_argument("--time-limit", type=float, default=60, help="seconds for monet's solve. Default: %(default)s")
     parser.add_argument("--cost-model", choices=("measured", "analytic"), default="analytic",
@@ -213,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     tag = f"gpt2-{args.ranks}x{args.batch}-{args.length}-cpu"
     rows = bench(args)
     header = {"tag": tag, "ranks": args.ranks, "batch": args.batch, "length": args.length, "machine": machine("cpu"),
-              "steps": args.steps, "cost_model": args.cost_model, "time_limit": args.time_limit, "budget": args.budget}
+              "steps": args.steps, "cost_model": args.cost_model, "time_limit": args.time_limit, "budget": args.budget,
+              "block_budget": args.block_budget}
     png = peak_step_plot({f"{r['parallel']} {r['method']}": r for r in rows if r["peak"]}, peak="peak per rank (MiB)",
                          title=f"GPT-2, {args.ranks} ranks x {args.batch}x{args.length}, cpu (gloo)", figsize=(11, 4))
     for path in write_report(args.output, f"distributed-{tag}", rows, markdown(header, rows), png, header=header):

@@ -223,8 +223,9 @@ def _sharded(model: nn.Module) -> str | None:
     return (f"{type(model).__name__}'s parameters are sharded DTensors ({sharded[0]}{others}; FSDP2's fully_shard "
             "or tensor parallelism makes them), and monet does not run sharded models yet: its step is one traced "
             "graph over whole parameters, which FSDP2 gathers block by block with hooks and collectives the trace "
-            "cannot run. Wrap the unsharded model in MONeTWrapper and that in DistributedDataParallel (README, "
-            "\"Several processes\"), or keep FSDP2 with PyTorch's own activation checkpointing")
+            "cannot run. Under FSDP2, wrap each block before sharding (monet.wrap_blocks(model, blocks, inputs, "
+            "budget), then fully_shard each wrapper and the root); under DDP, wrap the unsharded model in "
+            "MONeTWrapper and that in DistributedDataParallel (README, \"Several processes\")")
 
 
 def _call_problem(model: nn.Module, example: Example, inputs: Inputs) -> str | None:

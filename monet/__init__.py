@@ -14,6 +14,7 @@ _EXPORTS = {
     "MonetError": "monet.errors",
     "ScheduleMismatchError": "monet.runtime",
     "solve": "monet.api",
+    "wrap_blocks": "monet.blocks",
     "profile": "monet.api",
     "solve_problem_file": "monet.api",
     "PeakMemory": "monet.memory",
