@@ -1,6 +1,6 @@
 """monet under DistributedDataParallel against eager and per-block checkpointing, and FSDP2 beside them.
 
-`python -m benchmarks.distributed [--ranks 2] [--batch B --length L] [--budget 50%]` builds GPT-2
+`python -m benchmarks.distributed [--ranks 2] [--layers 8] [--batch B --length L] [--budget 50%]` builds GPT-2
 (transformers, from a small config: no download) with labels inside, and for each method spawns the
 ranks over gloo on 127.0.0.1 (CPU) and trains: forward and backward of each rank's shard (B
 sequences of L tokens), the gradients all-reduced (DDP) or reduce-scattered (FSDP2), then an SGD
@@ -42,11 +42,11 @@ METHODS = (("ddp", "eager"), ("ddp", "checkpointing"), ("ddp", "monet"),
 WARMUP = 2  # steps before the measured one: DDP rebuilds its buckets after the first
 
 
-def gpt2(seed: int = 0):
+def gpt2(layers: int = 8, seed: int = 0):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=2048, n_embd=256, n_layer=8, n_head=4, n_positions=512, use_cache=False)
+    config = GPT2Config(vocab_size=2048, n_embd=256, n_layer=layers, n_head=4, n_positions=512, use_cache=False)
     return GPT2LMHeadModel(config)
 
 
@@ -68,7 +68,7 @@ def _rank(rank: int, world: int, port: int, args: dict, schedule_file: str | Non
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     try:
-        model = gpt2()
+        model = gpt2(args["layers"])
         inputs = shard(rank, args["batch"], args["length"])
         if args["method"] == "checkpointing":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -145,15 +145,15 @@ def bench(args: argparse.Namespace) -> list[dict]:
             schedule_file = None
             if method == "monet" and parallel == "ddp":
                 began = time.perf_counter()
-                solve = functools.partial(monet.solve, gpt2(), shard(0, args.batch, args.length), optimizer="sgd",
-                                          cost_model=args.cost_model, time_limit=args.time_limit)
+                solve = functools.partial(monet.solve, gpt2(args.layers), shard(0, args.batch, args.length),
+                                          optimizer="sgd", cost_model=args.cost_model, time_limit=args.time_limit)
                 schedule = _solved(solve, args.budget, row)
                 schedule_file = f"{folder}/gpt2.json"
                 schedule.save(schedule_file)
                 row["predicted_peak"] = schedule.predicted.peak
                 row["note"] += f"{schedule.solver.status}, solved in {time.perf_counter() - began:.0f} s"
             if method == "monet" and parallel == "fsdp2":
-                began, model = time.perf_counter(), gpt2()
+                began, model = time.perf_counter(), gpt2(args.layers)
                 blocks = model.transformer.h
                 wrap = functools.partial(monet.wrap_blocks, model, blocks, shard(0, args.batch, args.length),
                                          cost_model=args.cost_model, time_limit=args.time_limit / len(blocks))
@@ -164,7 +164,8 @@ def bench(args: argparse.Namespace) -> list[dict]:
                 row["note"] += (f"per block, not predicted for the step; {schedules[0].solver.status}, solved in "
                                 f"{time.perf_counter() - began:.0f} s")
             found = run_ranks(args.ranks, {"parallel": parallel, "method": method, "batch": args.batch,
-                                           "length": args.length, "steps": args.steps}, schedule_file, args.timeout)
+                                           "length": args.length, "steps": args.steps, "layers": args.layers},
+                               schedule_file, args.timeout)
             row["peak"], row["step"] = max(p for p, _ in found), max(t for _, t in found)
             rows.append(row)
             print(f"{parallel} {method}: peak {format_bytes(row['peak'])}, step {row['step']:.3f} s {row['note']}",
@@ -197,9 +198,9 @@ def markdown(header: dict, rows: list[dict]) -> str:
               cell(r["peak"], format_bytes), cell(r["peak_vs_eager"], "{:.0%}".format),
               cell(r["step"], "{:.3f} s".format), cell(r["step_vs_eager"], "{:.0%}".format), r["note"])
              for r in rows]
-    intro = (f"GPT-2 (8 layers, width 256, vocabulary 2048, from its config), {header['ranks']} ranks over gloo "
-             f"on 127.0.0.1, each a shard of {header['batch']}x{header['length']} tokens, labels inside; "
-             f"{header['machine']}. "
+    intro = (f"GPT-2 ({header['layers']} layers, width 256, vocabulary 2048, from its config), {header['ranks']} "
+             f"ranks over gloo on 127.0.0.1, each a shard of {header['batch']}x{header['length']} tokens, labels "
+             f"inside; {header['machine']}. "
              f"One step: forward, backward (DDP's all-reduce, FSDP2's gathers and reduce-scatters), SGD's step. "
              f"Peak: a steady step's, the largest over the ranks (each rank's local parameters, batch and what the "
              f"step allocates); step: the median of {header['steps']} steps, the slowest rank's. vs eager: against "
@@ -215,6 +216,7 @@ def markdown(header: dict, rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.distributed", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2, help="processes. Default: %(default)s")
+    parser.add_argument("--layers", type=int, default=8, help="GPT-2's blocks. Default: %(default)s")
     parser.add_argument("--batch", type=int, default=4, help="sequences per rank. Default: %(default)s")
     parser.add_argument("--length", type=int, default=256, help="tokens per sequence. Default: %(default)s")
     parser.add_argument("--budget", default="50%", help="monet's budget per rank. Default: %(default)s")
@@ -227,14 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600, help="seconds per method's ranks. Default: %(default)s")
     parser.add_argument("-o", "--output", type=Path, default=Path("benchmarks/results/distributed"))
     args = parser.parse_args(argv)
-    if args.ranks < 1 or args.batch < 1 or args.length < 1 or args.steps < 1:
-        parser.error("--ranks, --batch, --length and --steps must be positive")
+    if min(args.ranks, args.layers, args.batch, args.length, args.steps) < 1:
+        parser.error("--ranks, --layers, --batch, --length and --steps must be positive")
     check_writable(args.output, folder=True)
-    tag = f"gpt2-{args.ranks}x{args.batch}-{args.length}-cpu"
+    tag = f"gpt2{'' if args.layers == 8 else f'-{args.layers}layers'}-{args.ranks}x{args.batch}-{args.length}-cpu"
     rows = bench(args)
-    header = {"tag": tag, "ranks": args.ranks, "batch": args.batch, "length": args.length, "machine": machine("cpu"),
-              "steps": args.steps, "cost_model": args.cost_model, "time_limit": args.time_limit, "budget": args.budget,
-              "block_budget": args.block_budget}
+    header = {"tag": tag, "layers": args.layers, "ranks": args.ranks, "batch": args.batch, "length": args.length,
+              "machine": machine("cpu"), "steps": args.steps, "cost_model": args.cost_model,
+              "time_limit": args.time_limit, "budget": args.budget, "block_budget": args.block_budget}
     png = peak_step_plot({f"{r['parallel']} {r['method']}": r for r in rows if r["peak"]}, peak="peak per rank (MiB)",
                          title=f"GPT-2, {args.ranks} ranks x {args.batch}x{args.length}, cpu (gloo)", figsize=(11, 4))
     for path in write_report(args.output, f"distributed-{tag}", rows, markdown(header, rows), png, header=header):

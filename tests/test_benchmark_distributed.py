@@ -12,10 +12,10 @@ from benchmarks.distributed import main  # noqa: E402
 
 def test_ddp_and_fsdp2_ranks_run_and_monet_under_ddp_measures_its_prediction(tmp_path):
     pytest.importorskip("transformers")
-    code = main(["--batch", "1", "--length", "128", "--steps", "1", "--time-limit", "10", "--timeout", "240",
-                 "-o", str(tmp_path)])
+    code = main(["--layers", "2", "--batch", "1", "--length", "128", "--steps", "1", "--time-limit", "10",
+                 "--timeout", "240", "-o", str(tmp_path)])
     assert code == 0
-    stem = tmp_path / "distributed-gpt2-2x1-128-cpu"
+    stem = tmp_path / "distributed-gpt2-2layers-2x1-128-cpu"
     rows = json.loads(stem.with_suffix(".json").read_text())["rows"]
     assert [(r["parallel"], r["method"]) for r in rows] == [
         (p, m) for p in ("ddp", "fsdp2") for m in ("eager", "checkpointing", "monet")]

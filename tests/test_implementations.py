@@ -78,12 +78,12 @@ def test_approximate_activation_codes_only_when_allowed_and_their_error_is_repor
     gelus = [c for c in problem.choices if "2bit" in c.approximate]
     assert gelus and all(c.name.startswith(activation) for c in gelus)
     assert all(0 < c.error("2bit") < 0.5 for c in gelus)  # measured while profiling
-    exact = solve_traced(problem, "60%", "Transformer", time_limit=30)
+    exact = solve_traced(problem, "60%", "Transformer", time_limit=10)
     assert "2bit" not in exact.schedule.options.values() and exact.schedule.approximate == {}
     with pytest.raises(ValueError, match="changes gradients"):
         solve_traced(problem, "60%", "Transformer", options=forcing(problem, "2bit"), time_limit=30)
     approx = solve_traced(problem, "60%", "Transformer", options=forcing(problem, "2bit"),
-                          allow_approximate=True, time_limit=30)
+                          allow_approximate=True, time_limit=10)
     assert approx.solver.approximate_allowed
     assert set(approx.schedule.approximate) == {c.name for c in gelus}
     assert all(0 < err < 0.5 for err in approx.schedule.approximate.values())
