@@ -12,7 +12,7 @@ from monet.solver import Problem
 from monet.solver.edit import add_choices
 
 from .analyze import GraphAnalysis, UnsupportedGraphError, allocation_bytes, analyze, fingerprint
-from .capture import TracedStep, TraceError, inductor_compile, model_device
+from .capture import TracedStep, TraceError, inductor_compile, model_device, sharded_parameters
 from .cost_model import analytic_times, fused_reruns
 from .example import Example, tensor_spec
 from .implementations import RERUN, choice_specs, inductor_excluded, not_compiled, rewrite, structure
@@ -74,5 +74,5 @@ __all__ = [
     "UnsupportedGraphError",
     "inductor_compile", "inductor_excluded", "not_compiled", "rewrite", "structure",
     "allocation_bytes", "analyze", "analytic_times", "cost_graph", "costed_problem", "fingerprint", "fused_reruns",
-    "measure_times", "measure_workspace", "model_device", "tensor_spec",
+    "measure_times", "measure_workspace", "model_device", "sharded_parameters", "tensor_spec",
 ]

@@ -208,15 +208,19 @@ def _compiling():
     return session() if session is not None else contextlib.nullcontext()
 
 
-def _sharded(model: nn.Module) -> str | None:
-    """Why monet cannot trace `model` if its parameters are sharded (DTensors: FSDP2's fully_shard,
-    tensor parallelism): a sharded parameter is gathered by hooks and collectives at run time, which
-    the one-graph trace does not run through."""
+def sharded_parameters(model: nn.Module) -> list[str]:
+    """The names of `model`'s parameters that are sharded DTensors (FSDP2's fully_shard, tensor parallelism)."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # a torch built without distributed support shards nothing
-        return None
-    sharded = [name for name, p in model.named_parameters() if isinstance(p, DTensor)]
+        return []
+    return [name for name, p in model.named_parameters() if isinstance(p, DTensor)]
+
+
+def _sharded(model: nn.Module) -> str | None:
+    """Why monet cannot trace `model` if its parameters are sharded: a sharded parameter is gathered by
+    hooks and collectives at run time, which the one-graph trace does not run through."""
+    sharded = sharded_parameters(model)
     if not sharded:
         return None
     others = " and others" if len(sharded) > 1 else ""

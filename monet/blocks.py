@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from monet.graph import Example, model_device
+from monet.graph import Example, model_device, sharded_parameters
 from monet.schedules import ScheduleFile, load_schedule
 from monet.solver import SolveSettings
 
@@ -77,6 +77,9 @@ def wrap_blocks(model: nn.Module, blocks: nn.ModuleList | nn.Sequential, inputs,
                          "them), not both")
     if any(isinstance(block, MONeTWrapper) for block in blocks):
         raise ValueError("these blocks are already wrapped by monet")
+    if sharded_parameters(model):
+        raise ValueError("the model's parameters are already sharded (DTensors: fully_shard has run): call "
+                         "monet.wrap_blocks on the unsharded model, then fully_shard each wrapper and the root")
     examples = block_inputs(model, list(blocks), inputs)
     if schedules is not None:
         if len(schedules) != len(blocks):
@@ -87,3 +90,4 @@ def wrap_blocks(model: nn.Module, blocks: nn.ModuleList | nn.Sequential, inputs,
     for i, (block, file, example) in enumerate(zip(list(blocks), files, examples)):
         blocks[i] = MONeTWrapper(block, file, example)
     return files
+

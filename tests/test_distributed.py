@@ -258,7 +258,7 @@ def test_fsdp2_around_blocks_wrapped_by_monet_trains_as_plain_fsdp2_in_less_memo
 def test_a_model_sharded_by_fsdp2_is_refused_with_the_reason():
     """A model whose parameters fully_shard made DTensors is refused before tracing, saying to wrap its
     blocks first (the trace used to fail with "Attempted to access the data pointer on an invalid
-    python storage"). One process over gloo is enough to shard."""
+    python storage"), and so are its blocks by wrap_blocks. One process over gloo is enough to shard."""
     fsdp = pytest.importorskip("torch.distributed.fsdp")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     try:
@@ -269,5 +269,7 @@ def test_a_model_sharded_by_fsdp2_is_refused_with_the_reason():
         fsdp.fully_shard(model)
         with pytest.raises(TraceError, match=r"parameters are sharded DTensors .*monet.wrap_blocks"):
             monet.solve(model, SHARD, "50%", cost_model="analytic")
+        with pytest.raises(ValueError, match="already sharded .*call monet.wrap_blocks on the unsharded model"):
+            monet.wrap_blocks(model, model.body, torch.randn(*SHARD), "90%")
     finally:
         dist.destroy_process_group()
