@@ -100,6 +100,23 @@ def _run_ranks(state, schedule_file, batches, out) -> dict[int, tuple]:
                 proc.join()
 
 
+def _spawn(target, *args) -> None:
+    """`target(rank, port, *args)` in WORLD spawned processes; each must exit 0 within TIMEOUT, and none outlives it."""
+    context, port = mp.get_context("spawn"), _free_port()
+    procs = [context.Process(target=target, args=(rank, port, *args)) for rank in range(WORLD)]
+    for proc in procs:
+        proc.start()
+    try:
+        for proc in procs:
+            proc.join(timeout=TIMEOUT)
+        assert [proc.exitcode for proc in procs] == [0] * WORLD
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     torch.manual_seed(0)
@@ -165,20 +182,7 @@ def test_ddp_compiled_with_monets_backend_trains_like_one_process(tmp_path):
     batch = torch.randn(BATCH, FEATURES, generator=torch.Generator().manual_seed(1))
     reference = copy.deepcopy(model)
     _loss(reference(batch)).backward()
-    context, port = mp.get_context("spawn"), _free_port()
-    procs = [context.Process(target=_compiled_rank, args=(rank, port, model.state_dict(), batch, str(tmp_path)))
-             for rank in range(WORLD)]
-    for proc in procs:
-        proc.start()
-    try:
-        for proc in procs:
-            proc.join(timeout=TIMEOUT)
-        assert [proc.exitcode for proc in procs] == [0] * WORLD
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+    _spawn(_compiled_rank, model.state_dict(), batch, str(tmp_path))
     for rank in range(WORLD):
         grads, regions, told = torch.load(tmp_path / f"rank{rank}.pt")
         assert regions > 1 and told, (regions, told)
@@ -232,20 +236,7 @@ def test_fsdp2_around_blocks_wrapped_by_monet_trains_as_plain_fsdp2_in_less_memo
     for i, file in enumerate(files):
         file.save(tmp_path / f"block{i}.json")
         schedules.append(str(tmp_path / f"block{i}.json"))
-    context, port = mp.get_context("spawn"), _free_port()
-    procs = [context.Process(target=_fsdp2_rank, args=(rank, port, state, schedules, str(tmp_path)))
-             for rank in range(WORLD)]
-    for proc in procs:
-        proc.start()
-    try:
-        for proc in procs:
-            proc.join(timeout=TIMEOUT)
-        assert [proc.exitcode for proc in procs] == [0] * WORLD
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+    _spawn(_fsdp2_rank, state, schedules, str(tmp_path))
     for rank in range(WORLD):
         found = torch.load(tmp_path / f"rank{rank}.pt")
         (plain, plain_peak), (grads, peak) = found["fsdp2"], found["monet"]
