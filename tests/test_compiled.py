@@ -51,7 +51,7 @@ def test_dropout_replay_is_refused_and_bits_compile_with_eagers_masks():
     assert replayed, "the 50 % schedule should replay some dropouts"
     with pytest.raises(ScheduleMismatchError, match="cannot run under Inductor: .*replay.*compile=False"):
         MONeTWrapper(copy.deepcopy(model), schedule, shape, compile=True)
-    bits = monet.solve(copy.deepcopy(model), shape, "50%", cost_model="analytic", time_limit=30,
+    bits = monet.solve(copy.deepcopy(model), shape, "50%", cost_model="analytic", time_limit=10,
                        options=dict.fromkeys(replayed, "bits"))
     reference = copy.deepcopy(model)
     wrapped = MONeTWrapper(model, bits, shape, compile=True)
