@@ -62,7 +62,7 @@ def _local_bytes(model: torch.nn.Module, inputs: dict) -> int:
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
-def _rank(rank: int, world: int, port: int, args: dict, schedule_file: str | None, out: str) -> None:
+def _rank(rank: int, world: int, port: int, args: dict, schedule_file: str | list[str] | None, out: str) -> None:
     """One rank: wrap, train, and write (peak, median step seconds) to `out`/rank<rank>.pt."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -72,10 +72,11 @@ def _rank(rank: int, world: int, port: int, args: dict, schedule_file: str | Non
         inputs = shard(rank, args["batch"], args["length"])
         if args["method"] == "checkpointing":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if args["parallel"] == "fsdp2" and schedule_file:
+        module = model
+        if schedule_file and args["parallel"] == "fsdp2":
             monet.wrap_blocks(model, model.transformer.h, inputs, schedules=schedule_file)
-        module = monet.MONeTWrapper(model, schedule_file, inputs) if args["parallel"] == "ddp" and schedule_file \
-            else model
+        elif schedule_file:
+            module = monet.MONeTWrapper(model, schedule_file, inputs)
         if args["parallel"] == "ddp":
             module = torch.nn.parallel.DistributedDataParallel(module)
         else:
@@ -113,7 +114,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(world: int, args: dict, schedule_file: str | None, timeout: float) -> list[tuple[int, float]]:
+def run_ranks(world: int, args: dict, schedule_file: str | list[str] | None, timeout: float) -> list[tuple[int, float]]:
     """(peak, median step seconds) of each rank; the ranks are killed if they outlive `timeout`."""
     with tempfile.TemporaryDirectory() as out:
         context = mp.get_context("spawn")

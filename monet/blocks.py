@@ -29,7 +29,8 @@ def block_inputs(model: nn.Module, blocks: Sequence[nn.Module], inputs) -> list[
     """What each of `blocks` is called with when `model` is called on `inputs` (as monet.solve takes
     them), from one training-mode forward with the random generators restored after it. Tensors are
     detached copies that want a gradient where the block's argument did."""
-    example = Example.of(inputs, device=model_device(model))
+    device = model_device(model)
+    example = Example.of(inputs, device=device)
     seen: dict[int, Example] = {}
 
     def keep(index: int):
@@ -40,9 +41,8 @@ def block_inputs(model: nn.Module, blocks: Sequence[nn.Module], inputs) -> list[
         return hook
 
     handles = [block.register_forward_pre_hook(keep(i), with_kwargs=True) for i, block in enumerate(blocks)]
-    devices = [model_device(model)] if model_device(model).type == "cuda" else []
     try:
-        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():
             model(*example.args, **example.kwargs)
     finally:
         for handle in handles:
@@ -90,4 +90,3 @@ def wrap_blocks(model: nn.Module, blocks: nn.ModuleList | nn.Sequential, inputs,
     for i, (block, file, example) in enumerate(zip(list(blocks), files, examples)):
         blocks[i] = MONeTWrapper(block, file, example)
     return files
-
