@@ -17,7 +17,8 @@ monet's solves of the converted instance, from the records in monet-instances-so
 
 solves each instance (SETTINGS: the compact formulation, then the general one from its schedule
 with reruns at most 40 stages ahead, then unbounded; GoogLeNet: LADDERS; implementation choices on,
-gap 1e-4; HiGHS's heuristic effort 1 unless --heuristic-effort says otherwise) at each time limit
+gap 1e-4; HiGHS's heuristic effort 1 unless --heuristic-effort says otherwise; a neighbourhood search
+beside the search in a second process unless --workers 1) at each time limit
 and appends one record per solve to that file (a rerun replaces an instance's record at the same
 limit); --deadline stops starting new solves after S seconds.
 """
@@ -54,7 +55,9 @@ SETTINGS = SolveSettings(formulation=("compact", "general", "general"), horizon=
 # that optimum, takes the second rung (5 GB: +1.17 % -> +0.34 % of Gurobi's). The same ladder on UNet 5 GB
 # ended at +11.2 % (was +1.47 %), so it is GoogLeNet's alone: settings chosen per model, by measurement.
 # A neighbourhood search after the search (SolveSettings.polish) is no model's setting: on UNet it trades
-# instances (README, "MONeT's instances").
+# instances (README, "MONeT's instances"). Beside the search, in a second process (SolveSettings.workers),
+# it takes no time from the ladder: each solve uses two cores (WORKERS), so run one solve at a time.
+WORKERS = 2
 LADDERS = {"googlenet": SETTINGS.but(formulation=("compact", "compact", "general"), horizon=("auto", None, None))}
 SAFE = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
         ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "_reconstruct"),
@@ -220,18 +223,19 @@ def replay_check(inst: Instance) -> dict:
             "peak_at": replay.peak_at, "notes": notes}
 
 
-def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = EFFORT) -> dict:
-    """monet's solve of the converted instance (SETTINGS, or its model's LADDERS): objective and bound
-    in 0.01 ms, or what failed."""
+def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = EFFORT, workers: int = WORKERS) -> dict:
+    """monet's solve of the converted instance (SETTINGS, or its model's LADDERS, in `workers` processes):
+    objective and bound in 0.01 ms, or what failed."""
     from monet.solver import solve
 
     from .monet_convert import UNIT, budget_bytes, convert
 
     converted = convert(inst)
     began = time.perf_counter()
-    settings = LADDERS.get(inst.model, SETTINGS).but(time_limit=time_limit, heuristic_effort=heuristic_effort)
+    settings = LADDERS.get(inst.model, SETTINGS).but(time_limit=time_limit, heuristic_effort=heuristic_effort,
+                                                     workers=workers)
     record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit,
-              "heuristic_effort": heuristic_effort, "formulation": ",".join(settings.formulation),
+              "heuristic_effort": heuristic_effort, "workers": workers, "formulation": ",".join(settings.formulation),
               "horizon": ",".join(str(h).lower() for h in settings.horizon)}
     try:
         sol = solve(converted.problem, budget_bytes(inst), settings)
@@ -279,6 +283,8 @@ def table(folder: Path, solves: dict | None = None) -> str:
         if rec is None:
             return "not run"
         effort = f", effort {rec.get('heuristic_effort', HIGHS_EFFORT):g}, {_rungs(rec)}"
+        if rec.get("workers", 1) > 1:
+            effort += f", {rec['workers']} processes"
         if "objective" not in rec:
             return f"{rec['status']} after {rec['seconds']:.0f} s{effort}"
         versus = f" ({rec['objective'] / reference - 1:+.2%})" if reference else ""
@@ -308,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budgets", default="", help="comma-separated budgets (GB)")
     parser.add_argument("--heuristic-effort", type=float, default=EFFORT,
                         help=f"HiGHS's mip_heuristic_effort for the solves (default {EFFORT:g})")
+    parser.add_argument("--workers", type=int, default=WORKERS,
+                        help=f"processes per solve: the search, and searches beside it (default {WORKERS})")
     parser.add_argument("--deadline", type=float, default=None, help="start no solve after this many seconds")
     args = parser.parse_args(argv)
     began = time.perf_counter()
@@ -319,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             if args.deadline is not None and time.perf_counter() - began > args.deadline:
                 break
-            record = solve_instance(inst, limit, args.heuristic_effort)
+            record = solve_instance(inst, limit, args.heuristic_effort, args.workers)
             print(json.dumps(record), flush=True)
             with args.solves.open("a") as file:
                 file.write(json.dumps(record) + "\n")
@@ -328,8 +336,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.solves.name} (units: MONeT's 0.01 ms). Gurobi ran MONeT's ILP 24 h on 12 threads (P100 "
             "profile); monet solves the converted instance (benchmarks/monet_convert.py) with implementation "
             "choices, on this machine's shared cores, with the formulations and horizons each cell names (one; or "
-            "a ladder, each rung started from the best schedule so far on an equal share of the time left) and "
-            "HiGHS's heuristic effort. \"Gurobi's schedule "
+            "a ladder, each rung started from the best schedule so far on an equal share of the time left), "
+            "HiGHS's heuristic effort and, where a cell says \"2 processes\", a neighbourhood search beside the "
+            "search in a second process (one solve at a time then). \"Gurobi's schedule "
             "replayed\" is Gurobi's own solution converted to a monet schedule and replayed in monet's "
             "simulator: its step time against Gurobi's objective, and its peak over the budget. monet's bound "
             "is for its own formulation, not MONeT's (README, \"MONeT's instances\").\n\n"

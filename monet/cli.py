@@ -118,6 +118,10 @@ def _settings_options(parser: argparse.ArgumentParser, *, time_limit_help: str =
                              "search that improves its schedule (HiGHS on pieces of the general formulation): "
                              "finds faster schedules on the largest models. Default: "
                              f"{DEFAULT.polish:g} (none)")
+    parser.add_argument("--workers", type=int, default=DEFAULT.workers, metavar="N",
+                        help="processes the solve may use: each beyond the first runs that neighbourhood search "
+                             "beside the search, on the best schedule either has found, for the whole time limit "
+                             f"(HiGHS uses one core). Default: {DEFAULT.workers}")
     parser.add_argument("--solver-log", action="store_true", help="show HiGHS's log while solving")
     if not per_strategy:
         parser.add_argument("--checkpointing-only", action="store_true",
@@ -131,7 +135,7 @@ def _settings(args) -> SolveSettings:
     """The SolveSettings that the command line gives (what _settings_options added; the rest default)."""
     return SolveSettings(time_limit=args.time_limit, formulation=args.formulation, gap=args.gap / 100,
                          horizon=args.horizon, heuristic_effort=args.heuristic_effort, polish=args.polish,
-                         solver_log=args.solver_log,
+                         workers=args.workers, solver_log=args.solver_log,
                          implementations=not getattr(args, "checkpointing_only", False),
                          allow_approximate=args.allow_approximate)
 
@@ -259,6 +263,8 @@ def _check(args, *, output_folder: bool = False) -> None:
         raise ValueError(f"--heuristic-effort {args.heuristic_effort:g} must be a share from 0 to 1")
     if not 0 <= getattr(args, "polish", 0) < 1:
         raise ValueError(f"--polish {args.polish:g} must be a share from 0 to below 1 (of the time limit)")
+    if getattr(args, "workers", 1) < 1:
+        raise ValueError(f"--workers {args.workers} must be 1 or more processes")
     if getattr(args, "steps", 1) <= 0:
         raise ValueError(f"--steps {args.steps} must be positive")
     if getattr(args, "output", None) is not None:

@@ -81,7 +81,8 @@ class Milp:
     def solve(self, *, time_limit: float, seed: int = 0, mip_rel_gap: float = 1e-4, abs_gap: float = 0.0,
               heuristic_effort: float = 0.05, warm: dict[int, float] | None = None, verbose: bool = False,
               relax: bool = False, target: float | None = None, fixed: dict[int, float] | None = None,
-              progress: Callable[[float, float], None] | None = None) -> MilpResult:
+              progress: Callable[[float, float], None] | None = None,
+              incumbent: Callable[[np.ndarray], None] | None = None) -> MilpResult:
         """Minimise the cost; stop when proven within `mip_rel_gap` (relative) or `abs_gap` (in
         cost units) of the optimum. `warm` fixes binaries to a known solution first (an LP, quick);
         if that solution is feasible HiGHS starts from it, so the time limit returns at least it.
@@ -91,9 +92,10 @@ class Milp:
         `fixed` holds variables at values for this run only (a neighbourhood of a solution).
         `progress(objective, bound)` is called every TICK seconds while HiGHS runs, from this
         thread, with the cost of the best solution found so far (inf before the first) and the
-        proven lower bound (-inf before the first). Ctrl-C (KeyboardInterrupt) cancels HiGHS and
-        is raised again within GRACE seconds, whether or not HiGHS has stopped yet (see
-        `stopping`)."""
+        proven lower bound (-inf before the first); `incumbent(values)` likewise with each better solution
+        HiGHS finds (every variable by index; at most one call per TICK, with the newest). Ctrl-C
+        (KeyboardInterrupt) cancels HiGHS and is raised again within GRACE seconds, whether or not
+        HiGHS has stopped yet (see `stopping`)."""
         import highspy  # loaded only when something is solved
 
         binary = np.array(self._binary, dtype=bool)
@@ -136,7 +138,7 @@ class Milp:
             if solution is not None:
                 highs.setSolution(solution)
                 best.objective = float(cost @ np.asarray(solution.col_value))
-            _run(highs, best, progress)
+            _run(highs, best, progress, incumbent)
             return highs, best
 
         seeded, warm_state, warm_objective = None, None, np.inf
@@ -184,11 +186,15 @@ class _Best:
     def __init__(self):
         self.objective = np.inf
         self.bound = -np.inf
+        self.values: np.ndarray | None = None  # the newest better solution, until taken
 
     def seen(self, event) -> None:
         out = event.data_out
         self.objective = min(self.objective, out.mip_primal_bound)
         self.bound = max(self.bound, out.mip_dual_bound)
+
+    def improved(self, event) -> None:
+        self.values = np.array(event.data_out.mip_solution, dtype=float)
 
 
 _stopping: list = []  # cancelled HiGHS runs that had not stopped when KeyboardInterrupt was raised
@@ -210,19 +216,25 @@ def _wait_stopped() -> None:
         _stopping.pop().wait()
 
 
-def _run(highs, best: _Best, progress: Callable[[float, float], None] | None) -> None:
-    """`highs.run()` in HiGHS's own thread, so that this one can report progress and take Ctrl-C:
-    on any exception here (KeyboardInterrupt, or one from `progress`) HiGHS is cancelled, given
-    GRACE seconds to stop, and the exception raised."""
+def _run(highs, best: _Best, progress: Callable[[float, float], None] | None,
+         incumbent: Callable[[np.ndarray], None] | None = None) -> None:
+    """`highs.run()` in HiGHS's own thread, so that this one can report progress (and better solutions)
+    and take Ctrl-C: on any exception here (KeyboardInterrupt, or one from a callback) HiGHS is
+    cancelled, given GRACE seconds to stop, and the exception raised."""
     _wait_stopped()  # highspy lets one run at a time
     highs.HandleUserInterrupt = True  # cancelSolve() stops the run at HiGHS's next interrupt check
     for callback in (highs.cbMipImprovingSolution, highs.cbMipInterrupt, highs.cbMipLogging):
         callback.subscribe(best.seen)
+    if incumbent:
+        highs.cbMipImprovingSolution.subscribe(best.improved)
     highs.startSolve()
     try:
         while not highs.wait(TICK)[0]:
             if progress:
                 progress(best.objective, best.bound)
+            if incumbent and best.values is not None:
+                values, best.values = best.values, None
+                incumbent(values)
     except BaseException:
         highs.cancelSolve()
         if not highs.wait(GRACE)[0]:

@@ -29,7 +29,10 @@ class SolveSettings:
     `polish` (0 to below 1) is the share of `time_limit` kept, after the search, for a neighbourhood
     search in the general formulation (solver/polish.py) that improves the schedule found: on the
     largest problems it finds faster schedules than HiGHS's search of the whole ILP in the same time.
-    `solver_log` shows HiGHS's log.
+    `workers` (1 or more) is how many processes the solve may use: each one beyond the first runs
+    that neighbourhood search beside the search for the whole time limit (solver/beside.py), on the
+    best schedule found so far by either (HiGHS runs one solve per process, on one core); the solve
+    returns the fastest. `solver_log` shows HiGHS's log.
 
     What belongs to one call rather than to how to solve (the budget, a starting schedule, a
     progress callback) stays an argument of the call.
@@ -45,6 +48,7 @@ class SolveSettings:
     seed: int = 0
     heuristic_effort: float = 0.05
     polish: float = 0.0
+    workers: int = 1
     solver_log: bool = False
 
     def __post_init__(self):
@@ -52,6 +56,8 @@ class SolveSettings:
             raise ValueError(f"heuristic_effort {self.heuristic_effort!r} must be a share from 0 to 1")
         if not 0 <= self.polish < 1:
             raise ValueError(f"polish {self.polish!r} must be a share from 0 to below 1 (of the time limit)")
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"workers {self.workers!r} must be a whole number of processes, 1 or more")
 
     def but(self, **changes) -> SolveSettings:
         """These settings with `changes` (field -> value); an unknown name raises TypeError."""

@@ -29,10 +29,15 @@ SECONDS = 10.0  # at most, HiGHS's time on one neighbourhood
 
 def neighbourhood_search(formulation: General, start: Schedule, budget: int, until: float, *, seed: int = 0,
                          heuristic_effort: float = 0.05,
-                         report: Callable[[Replay, int], None] = lambda *_: None) -> tuple[Schedule, Replay] | None:
+                         report: Callable[[Replay, int], None] = lambda *_: None,
+                         improved: Callable[[Schedule, Replay], None] = lambda *_: None,
+                         fresh: Callable[[], Schedule | None] = lambda: None) -> tuple[Schedule, Replay] | None:
     """The fastest schedule of `formulation.problem` within `budget` bytes that the search finds from
     `start` (a schedule of that problem) by time.perf_counter() `until`; None when none is faster
-    than `start`. `report(best replay, neighbourhoods tried)` hears of each neighbourhood."""
+    than `start`. `report(best replay, neighbourhoods tried)` hears of each neighbourhood and
+    `improved(schedule, replay)` of each faster schedule it finds. Before each neighbourhood,
+    `fresh()` may hand over a schedule found elsewhere: the search goes on from it where it is faster
+    (and returns None unless it then finds a faster one)."""
     problem = formulation.problem
     values = formulation.warm_from(start)
     if values is None:  # the formulation poses every schedule at an unbounded horizon; a horizon may exclude it
@@ -42,19 +47,25 @@ def neighbourhood_search(formulation: General, start: Schedule, budget: int, unt
     rng = random.Random(seed)
     best, found, tried, share = simulate(problem, start), None, 0, SHARE
     while (left := until - time.perf_counter()) >= 1.0:
+        other = fresh()
+        if other is not None and (replay := simulate(problem, other)).peak <= budget and replay.time < best.time:
+            posed = formulation.warm_from(other)
+            if posed is not None:
+                best, values, share, found = replay, posed, SHARE, None
         free = set(rng.sample(forward, max(1, round(share * len(forward)))))
         held = {var: values[var] for var, ops in owners.items() if not ops & free}
         result = formulation.milp.solve(time_limit=min(SECONDS, left), seed=seed + tried, warm=values, fixed=held,
                                         heuristic_effort=heuristic_effort)
         tried += 1
-        improved = False
+        better = False
         if result.values is not None:
             schedule = formulation.schedule(result.values)
             replay = simulate(problem, schedule)
             if replay.peak <= budget and replay.time < best.time:
-                best, found, improved = replay, (schedule, replay), True
+                best, found, better = replay, (schedule, replay), True
                 values = formulation.warm_from(schedule) or values
-        if not improved:
+                improved(schedule, replay)
+        if not better:
             share = min(SHARES[1], share * GROW) if result.status == "optimal" else max(SHARES[0], share / GROW)
         report(best, tried)
     return found

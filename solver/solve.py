@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from .beside import Beside
 from .compact import Compact
 from .formulation import Formulation
 from .general import General
@@ -192,12 +194,19 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     baseline = (baseline, unconstrained if unconstrained is not None and not settings.options
                 else simulate(problem, baseline))
     searching = settings.but(time_limit=settings.time_limit * (1 - settings.polish))
-    if isinstance(settings.horizon, (list, tuple)) or isinstance(settings.formulation, (list, tuple)):
-        solution = _ladder(problem, budget, searching, start, progress, baseline)
-    else:
-        solution = _solve(problem, budget, searching, start, progress, baseline, explain=True)
-    if settings.polish:
-        solution = _polished(problem, budget, settings, solution, began + settings.time_limit, progress)
+    with contextlib.ExitStack() as stack:
+        beside = stack.enter_context(Beside(problem, budget, settings, settings.workers - 1, settings.time_limit)
+                                     ) if settings.workers > 1 else None
+        if isinstance(settings.horizon, (list, tuple)) or isinstance(settings.formulation, (list, tuple)):
+            solution = _ladder(problem, budget, searching, start, progress, baseline, beside)
+        else:
+            solution = _solve(problem, budget, searching, start, progress, baseline, explain=True, beside=beside)
+        fastest = beside.fastest() if beside is not None else None
+        if fastest is not None and beside.found and fastest[1].time < solution.replay.time:
+            solution = _found_beside(problem, solution, fastest[0], beside.bound, time.perf_counter(),
+                                     "found by a neighbourhood search beside the search, faster than")
+        if settings.polish:
+            solution = _polished(problem, budget, settings, solution, began + settings.time_limit, progress)
     return solution
 
 
@@ -205,15 +214,13 @@ def _polished(problem: Problem, budget: int, settings: SolveSettings, solution: 
               progress: Progress) -> Solution:
     """`solution` improved by a neighbourhood search (solver/polish.py) in the general formulation, reruns at
     any distance, until time.perf_counter() `until`; itself where the search finds nothing faster or it is
-    already proven optimal there. The bound becomes the lesser of its own and that formulation's LP relaxation
-    (valid for both)."""
+    already proven optimal there."""
     if solution.status == "optimal" and solution.formulation == "general" and solution.horizon is None:
         return solution
     began = time.perf_counter()
     total = until - began
     progress("polishing: building the ILP", 0, None, "")
-    _, posed, fixed = _pose(problem, settings.but(formulation="general", horizon=None))
-    formulation = General(posed, budget, None, allow_approximate=settings.allow_approximate, options=fixed)
+    formulation, posed, unpose, bound = neighbourhoods(problem, budget, settings, until)
     reference = solution.replay.time
 
     def report(best: Replay, tried: int) -> None:
@@ -221,21 +228,43 @@ def _polished(problem: Problem, budget: int, settings: SolveSettings, solution: 
         progress("polishing", elapsed, total, f"{tried} neighbourhoods, best so far {best.time / reference - 1:+.2%} "
                                               f"step time; {max(0.0, total - elapsed):.0f} s left")
 
-    relaxed = formulation.milp.solve(relax=True, time_limit=max(1.0, min(SECONDS, until - time.perf_counter())))
     found = neighbourhood_search(formulation, solution.schedule.remap(problem, posed), budget, until,
                                  seed=settings.seed, heuristic_effort=settings.heuristic_effort, report=report)
-    spent = solution.solve_time + time.perf_counter() - began
     if found is None:
-        return dataclasses.replace(solution, solve_time=spent)
-    schedule = _unpose(found[0], posed, problem, fixed)
+        return dataclasses.replace(solution, solve_time=solution.solve_time + time.perf_counter() - began)
+    return _found_beside(problem, solution, unpose(found[0]), bound, began, "polished by a neighbourhood search from")
+
+
+def neighbourhoods(problem: Problem, budget: int, settings: SolveSettings, until: float | None = None
+                   ) -> tuple[General, Problem, Callable[[Schedule], Schedule], float]:
+    """Where neighbourhood searches run: the general formulation, reruns at any distance; the problem it
+    is posed on; how a schedule of that becomes one of `problem`; and its LP relaxation's bound on any
+    schedule's time (0 where not solved within SECONDS, or by time.perf_counter() `until`)."""
+    _, posed, fixed = _pose(problem, settings.but(formulation="general", horizon=None))
+    formulation = General(posed, budget, None, allow_approximate=settings.allow_approximate, options=fixed)
+    seconds = SECONDS if until is None else min(SECONDS, until - time.perf_counter())
+    relaxed = formulation.milp.solve(relax=True, time_limit=max(1.0, seconds))
+    bound = formulation.fixed_time + max(0.0, relaxed.objective) / 1e3 if relaxed.status == "optimal" else 0.0
+    return formulation, posed, lambda schedule: _unpose(schedule, posed, problem, fixed), bound
+
+
+def _found_beside(problem: Problem, solution: Solution, schedule: Schedule, bound: float, began: float,
+                  how: str) -> Solution:
+    """`solution` replaced by a faster schedule that a neighbourhood search found from it (general
+    formulation, reruns at any distance), with `bound`, that formulation's LP relaxation's. The general
+    formulation at that horizon poses every schedule, so its bounds hold for any: the greater stands where
+    `solution` is that formulation's, else the lesser (a shorter horizon's bound holds for its schedules only)."""
     replay = simulate(problem, schedule)
-    bound = solution.bound
-    if relaxed.status == "optimal":
-        bound = min(bound, formulation.fixed_time + max(0.0, relaxed.objective) / 1e3)
-    polished = _solution(schedule, replay, budget, formulation, "time_limit", replay.time, bound, began)
-    note = (f"polished by a neighbourhood search from the {solution.formulation} formulation's schedule "
-            f"({solution.replay.time:.6g} s; status {solution.status})")
-    return dataclasses.replace(polished, solve_time=spent, note=note, warnings=solution.warnings)
+    if replay.peak > solution.budget:
+        raise SolverFailedError(f"internal error: the neighbourhood search's schedule replays to {replay.peak} "
+                                f"bytes, over the budget of {solution.budget}")
+    everywhere = solution.formulation == "general" and solution.horizon is None
+    bound = min(max(solution.bound, bound) if everywhere else min(solution.bound, bound), replay.time)
+    note = (f"{how} the {solution.formulation} formulation's schedule ({solution.replay.time:.6g} s; status "
+            f"{solution.status})")
+    return Solution(schedule, replay, solution.budget, "general", "time_limit", replay.time, bound,
+                    (replay.time - bound) / replay.time if replay.time > 0 else 0.0,
+                    solution.solve_time + time.perf_counter() - began, None, note, solution.warnings)
 
 
 def _rungs(settings: SolveSettings) -> list[tuple[str, int | None | str]]:
@@ -265,7 +294,7 @@ def _rung_text(formulation: str, horizon: int | None | str, settings: SolveSetti
 
 
 def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
-            baseline: tuple[Schedule, Replay]) -> Solution:
+            baseline: tuple[Schedule, Replay], beside: Beside | None) -> Solution:
     """`solve` at each rung of the ladder (see _rungs) in turn, each on an equal share of the time left and
     started from the best schedule so far; the last solution, which is no slower than any before it."""
     rungs = _rungs(settings)
@@ -277,12 +306,14 @@ def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Sched
             solution = _solve(problem, budget,
                               settings.but(time_limit=max(1.0, share), formulation=formulation, horizon=horizon),
                               best.schedule if best else start, progress, baseline, explain=last,
-                              label=_rung_text(formulation, horizon, settings), alone=best is None)
+                              label=_rung_text(formulation, horizon, settings), alone=best is None, beside=beside)
         except (_NoSchedule, SolverFailedError):
             if not last or best is not None:
                 continue
             raise
         warnings += [w for w in solution.warnings if w not in warnings]
+        if beside is not None:
+            beside.offer(solution.schedule, solution.replay)
         if best is None or solution.replay.time <= best.replay.time:
             best = solution
     if best is None:  # only the last rung may explain, and it raised; unreachable
@@ -296,13 +327,14 @@ class _NoSchedule(Exception):
 
 def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
            baseline: tuple[Schedule, Replay], *, explain: bool, label: str = "", seek: bool = True,
-           alone: bool = True) -> Solution:
+           alone: bool = True, beside: Beside | None = None) -> Solution:
     """`solve` at one horizon; `baseline` is keep_all(problem, settings.options) and its replay. An
     infeasible budget raises InfeasibleBudgetError stating the least peak when `explain`, else
     _NoSchedule at once. Where no schedule at hand fits and `seek`, a least-peak search finds
     one first (see _least_within). `alone` lets the compact formulation, choosing implementations, solve
     checkpointing alone first (a ladder's later rungs start from a schedule that already beats it).
-    Stages are reported to `progress` named after `label`."""
+    Stages are reported to `progress` named after `label`; `beside` hears of each schedule found (the
+    starting one, HiGHS's incumbents), and its fastest is a start too."""
     began = time.perf_counter()
     options, time_limit = settings.options or {}, settings.time_limit
     baseline, baseline_replay = baseline
@@ -312,6 +344,8 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
                         baseline_replay.time, 0.0, time.perf_counter() - began)
     kind, posed, fixed = _pose(problem, settings)
     given = [start] if start is not None else []
+    if beside is not None and (fastest := beside.fastest()) is not None:
+        given.append(fastest[0])
     if alone and kind == "compact" and len(fixed) < len(problem.choices):
         # Checkpointing alone first, on a third of the time: the joint search starts from it, so
         # choosing implementations never ends slower than not choosing them.
@@ -323,9 +357,9 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
             pass
     # The best schedule so far (a start given, or checkpointing alone's) that the simulator finds within
     # the budget: the search starts from it (compact), and never returns a slower one.
-    fitting = [(candidate, replay) for candidate in given
-               for replay in [simulate(problem, candidate)] if replay.peak <= budget]
-    incumbent = min(fitting, key=lambda pair: pair[1].time, default=None)
+    fitting = sorted(((candidate, replay) for candidate in given for replay in [simulate(problem, candidate)]
+                      if replay.peak <= budget), key=lambda pair: pair[1].time)
+    incumbent = fitting[0] if fitting else None
     def start_from(incumbent, heuristics=True):
         return _start(posed, budget, _option_sets(posed, settings) if heuristics else [], settings.horizon,
                       lambda *state: progress(label + "finding a starting schedule", *state),
@@ -347,14 +381,17 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         replay = simulate(problem, sought.schedule) if sought is not None and sought.schedule is not None else None
         if replay is not None and replay.peak <= budget:
             incumbent = (sought.schedule, replay)
+            fitting = [incumbent]
             horizon, found = start_from(incumbent, heuristics=False)  # none fitted: only the horizon to settle
     progress(label + "building the ILP", 0, None, "")
     formulation = _formulate(kind, posed, budget, settings, fixed, horizon)
-    if kind == "compact" and incumbent and (found is None or incumbent[1].time < found.replay.time):
-        found = _as_start(formulation, *incumbent)
+    # The fastest of those the formulation poses (a worker's may rerun further ahead than its horizon allows).
+    posable = [pair for pair in fitting if formulation.stages.admits(pair[0])] or fitting
+    if kind == "compact" and posable and (found is None or posable[0][1].time < found.replay.time):
+        found = _as_start(formulation, *posable[0])
     warm = formulation.warm_start(found.dropped, found.options) if found else None
     if isinstance(formulation, General):
-        warm = _general_warm(formulation, problem, fixed, [incumbent] if incumbent else [], found)
+        warm = _general_warm(formulation, problem, fixed, fitting, found)
     reference = baseline_replay.time  # no schedule is much faster than keeping everything, so the gap holds
     def step_time(objective: float, bound: float) -> str:
         """The best schedule so far as its predicted step time against keeping everything, and its gap."""
@@ -362,11 +399,16 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         text = f"best so far {best / reference - 1:+.1%} step time"
         return text + (f", gap {(best - least) / best:.1%}" if np.isfinite(bound) and best > 0 else ", no bound yet")
 
-    result = formulation.milp.solve(time_limit=max(1.0, time_limit - (time.perf_counter() - began)),
-                                    seed=settings.seed, warm=warm, verbose=settings.solver_log,
-                                    heuristic_effort=settings.heuristic_effort,
-                                    abs_gap=settings.gap * reference * 1e3,
-                                    progress=_watch(progress, label + "solving", began, time_limit, step_time))
+    if beside is not None and incumbent:
+        beside.offer(*incumbent)
+    if beside is not None and found:
+        beside.offer(_unpose(found.schedule, posed, problem, fixed))
+    result = formulation.milp.solve(
+        time_limit=max(1.0, time_limit - (time.perf_counter() - began)), seed=settings.seed, warm=warm,
+        verbose=settings.solver_log, heuristic_effort=settings.heuristic_effort, abs_gap=settings.gap * reference * 1e3,
+        progress=_watch(progress, label + "solving", began, time_limit, step_time),
+        incumbent=None if beside is None else lambda values: beside.offer(
+            _unpose(formulation.schedule(values), posed, problem, fixed)))
     # Schedules of `problem` that the simulator finds within the budget without HiGHS: the starting
     # schedule, and (the general formulation does not start from it) the best one so far.
     fallbacks = []

@@ -58,6 +58,7 @@ def test_an_unwritable_output_fails_before_anything_is_traced(tmp_path, output, 
 def test_other_arguments_are_checked_first(tmp_path):
     for argv, says in [(["--time-limit", "0"], "--time-limit"), (["--gap", "120"], "--gap"),
                        (["--heuristic-effort", "2"], "--heuristic-effort"), (["--polish", "1"], "--polish"),
+                       (["--workers", "0"], "--workers"),
                        (["--formulation", "compact,exact"], "--formulation")]:
         result = command("solve", "cnn", "--input-shape", "8,3,32,32", "--budget", "50%", "-o", "s.json", *argv,
                          cwd=tmp_path)

@@ -1,7 +1,9 @@
 """Both formulations: valid schedules within budget, optimality relations, errors."""
 
 import dataclasses
+import os
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -398,6 +400,40 @@ def test_a_neighbourhood_search_improves_a_schedule_the_whole_ilp_search_stops_a
     validate(p, schedule)
     assert replay == simulate(p, schedule) and replay.peak <= budget
     assert replay.time < compact.replay.time - 1.0
+
+
+def _children() -> set[int]:
+    """The pids of this process's children that have not ended (Linux /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, parent = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(parent) == os.getpid() and state != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+def test_a_worker_beside_the_search_finds_what_the_search_stops_short_of():
+    """relu_chain(12) at 50 %: HiGHS on the whole general formulation reached 61.7 s in 6 s (measured; 58.4 s
+    in 30 s); a second process runs the neighbourhood search from the schedules the search finds meanwhile
+    (its start, then HiGHS's incumbents) and reached 57.3 s in the same 6 s. The solve returns the worker's
+    schedule as the general formulation's, and no worker outlives it."""
+    p = relu_chain(12)
+    budget = int(unconstrained(p) * 0.5)
+    alone = solve(p, budget, formulation="general", horizon=None, time_limit=6, gap=1e-9)
+    before = _children()
+    both = solve(p, budget, formulation="general", horizon=None, time_limit=6, gap=1e-9, workers=2)
+    assert _children() == before
+    validate(p, both.schedule)
+    assert both.peak <= budget and both.replay.time < alone.replay.time - 0.5, (both.replay.time, alone.replay.time)
+    assert both.formulation == "general" and both.status == "time_limit" and both.bound <= both.objective
+    assert "found by a neighbourhood search beside the search, faster than the general" in both.note
+    assert both.solve_time < 6 + 2
+    for workers in (0, 1.5):
+        with pytest.raises(ValueError, match="workers"):
+            solve(p, budget, workers=workers)
 
 
 def test_polish_keeps_a_share_of_the_time_for_the_neighbourhood_search():
