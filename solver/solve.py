@@ -185,6 +185,11 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     the least peak) when no schedule of the formulation fits, and SolverFailedError when time runs
     out before any schedule is found (stating the least peak found, a budget from which a schedule
     is sure, and that more time may help; finding these takes up to another `time_limit`).
+    With `workers` > 1, neighbourhood searches run beside the search in processes of their own for the
+    whole time limit (solver/beside.py), from each faster schedule the search finds; the search goes its
+    own way (so it finds what it finds alone, on its own core), and the fastest of all is returned (a
+    worker's as the general formulation's, with a note). `polish` keeps a share of the time
+    limit for one after the search instead.
     `solver_log` shows HiGHS's log; `progress` (see Progress) hears what the solver is doing.
     `unconstrained`, the replay of keep_all(problem) where the caller has it, spares simulating it again.
     Ctrl-C (KeyboardInterrupt) stops the solver within a second.
@@ -334,7 +339,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     one first (see _least_within). `alone` lets the compact formulation, choosing implementations, solve
     checkpointing alone first (a ladder's later rungs start from a schedule that already beats it).
     Stages are reported to `progress` named after `label`; `beside` hears of each schedule found (the
-    starting one, HiGHS's incumbents), and its fastest is a start too."""
+    starting one, HiGHS's incumbents)."""
     began = time.perf_counter()
     options, time_limit = settings.options or {}, settings.time_limit
     baseline, baseline_replay = baseline
@@ -344,8 +349,6 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
                         baseline_replay.time, 0.0, time.perf_counter() - began)
     kind, posed, fixed = _pose(problem, settings)
     given = [start] if start is not None else []
-    if beside is not None and (fastest := beside.fastest()) is not None:
-        given.append(fastest[0])
     if alone and kind == "compact" and len(fixed) < len(problem.choices):
         # Checkpointing alone first, on a third of the time: the joint search starts from it, so
         # choosing implementations never ends slower than not choosing them.
@@ -357,9 +360,9 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
             pass
     # The best schedule so far (a start given, or checkpointing alone's) that the simulator finds within
     # the budget: the search starts from it (compact), and never returns a slower one.
-    fitting = sorted(((candidate, replay) for candidate in given for replay in [simulate(problem, candidate)]
-                      if replay.peak <= budget), key=lambda pair: pair[1].time)
-    incumbent = fitting[0] if fitting else None
+    fitting = [(candidate, replay) for candidate in given
+               for replay in [simulate(problem, candidate)] if replay.peak <= budget]
+    incumbent = min(fitting, key=lambda pair: pair[1].time, default=None)
     def start_from(incumbent, heuristics=True):
         return _start(posed, budget, _option_sets(posed, settings) if heuristics else [], settings.horizon,
                       lambda *state: progress(label + "finding a starting schedule", *state),
@@ -381,17 +384,14 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         replay = simulate(problem, sought.schedule) if sought is not None and sought.schedule is not None else None
         if replay is not None and replay.peak <= budget:
             incumbent = (sought.schedule, replay)
-            fitting = [incumbent]
             horizon, found = start_from(incumbent, heuristics=False)  # none fitted: only the horizon to settle
     progress(label + "building the ILP", 0, None, "")
     formulation = _formulate(kind, posed, budget, settings, fixed, horizon)
-    # The fastest of those the formulation poses (a worker's may rerun further ahead than its horizon allows).
-    posable = [pair for pair in fitting if formulation.stages.admits(pair[0])] or fitting
-    if kind == "compact" and posable and (found is None or posable[0][1].time < found.replay.time):
-        found = _as_start(formulation, *posable[0])
+    if kind == "compact" and incumbent and (found is None or incumbent[1].time < found.replay.time):
+        found = _as_start(formulation, *incumbent)
     warm = formulation.warm_start(found.dropped, found.options) if found else None
     if isinstance(formulation, General):
-        warm = _general_warm(formulation, problem, fixed, fitting, found)
+        warm = _general_warm(formulation, problem, fixed, [incumbent] if incumbent else [], found)
     reference = baseline_replay.time  # no schedule is much faster than keeping everything, so the gap holds
     def step_time(objective: float, bound: float) -> str:
         """The best schedule so far as its predicted step time against keeping everything, and its gap."""
