@@ -4,11 +4,10 @@ HiGHS runs one solve at a time in a process (highspy), and its branch and bound 
 so a second core would otherwise idle. Each worker runs the neighbourhood search of
 solver/polish.py on the best schedule found so far: the search hands over every better schedule
 it finds (HiGHS's incumbents, each rung's result), and a worker goes on from any that is faster
-than its own; it sends back each faster schedule it finds, which later rungs start from and the
-solve returns where it is the fastest. A worker is a fresh interpreter (running `serve`), which
-needs no `if __name__ == "__main__"` guard in the caller's script,
-talks over one socket, runs in a session of its own (Ctrl-C reaches the solve, which stops it) and
-exits at its deadline or when the solve goes away.
+than its own; it sends back each faster schedule it finds, which the solve returns where it is the
+fastest. A worker is a fresh interpreter (running `serve`), which needs no `if __name__ ==
+"__main__"` guard in the caller's script, talks over one socket, runs in a session of its own
+(Ctrl-C reaches the solve, which stops it) and exits at its deadline or when the solve goes away.
 """
 
 from __future__ import annotations

@@ -199,9 +199,9 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     baseline = (baseline, unconstrained if unconstrained is not None and not settings.options
                 else simulate(problem, baseline))
     searching = settings.but(time_limit=settings.time_limit * (1 - settings.polish))
-    with contextlib.ExitStack() as stack:
-        beside = stack.enter_context(Beside(problem, budget, settings, settings.workers - 1, settings.time_limit)
-                                     ) if settings.workers > 1 else None
+    workers = settings.workers - 1
+    with (Beside(problem, budget, settings, workers, settings.time_limit) if workers
+          else contextlib.nullcontext()) as beside:
         if isinstance(settings.horizon, (list, tuple)) or isinstance(settings.formulation, (list, tuple)):
             solution = _ladder(problem, budget, searching, start, progress, baseline, beside)
         else:
