@@ -82,7 +82,7 @@ class Milp:
               heuristic_effort: float = 0.05, warm: dict[int, float] | None = None, verbose: bool = False,
               relax: bool = False, target: float | None = None, fixed: dict[int, float] | None = None,
               progress: Callable[[float, float], None] | None = None,
-              incumbent: Callable[[np.ndarray], None] | None = None) -> MilpResult:
+              incumbent: Callable[[np.ndarray], None] | None = None, stall: float | None = None) -> MilpResult:
         """Minimise the cost; stop when proven within `mip_rel_gap` (relative) or `abs_gap` (in
         cost units) of the optimum. `warm` fixes binaries to a known solution first (an LP, quick);
         if that solution is feasible HiGHS starts from it, so the time limit returns at least it.
@@ -93,7 +93,10 @@ class Milp:
         `progress(objective, bound)` is called every TICK seconds while HiGHS runs, from this
         thread, with the cost of the best solution found so far (inf before the first) and the
         proven lower bound (-inf before the first); `incumbent(values)` likewise with each better solution
-        HiGHS finds (every variable by index; at most one call per TICK, with the newest). Ctrl-C
+        HiGHS finds (every variable by index; at most one call per TICK, with the newest). `stall`
+        stops the search, as its time limit would, where it has a solution (the warm start counts) and
+        has found no better one for that many seconds (HiGHS sees the stop at its next interrupt check:
+        not within its root node's cut rounds). Ctrl-C
         (KeyboardInterrupt) cancels HiGHS and is raised again within GRACE seconds, whether or not
         HiGHS has stopped yet (see `stopping`)."""
         import highspy  # loaded only when something is solved
@@ -138,7 +141,7 @@ class Milp:
             if solution is not None:
                 highs.setSolution(solution)
                 best.objective = float(cost @ np.asarray(solution.col_value))
-            _run(highs, best, progress, incumbent)
+            _run(highs, best, progress, incumbent, stall)
             return highs, best
 
         seeded, warm_state, warm_objective = None, None, np.inf
@@ -186,11 +189,13 @@ class _Best:
     def __init__(self):
         self.objective = np.inf
         self.bound = -np.inf
+        self.since = time.perf_counter()  # when the best objective last changed
         self.values: np.ndarray | None = None  # the newest better solution, until taken
 
     def seen(self, event) -> None:
         out = event.data_out
-        self.objective = min(self.objective, out.mip_primal_bound)
+        if out.mip_primal_bound < self.objective:
+            self.objective, self.since = out.mip_primal_bound, time.perf_counter()
         self.bound = max(self.bound, out.mip_dual_bound)
 
     def improved(self, event) -> None:
@@ -217,10 +222,10 @@ def _wait_stopped() -> None:
 
 
 def _run(highs, best: _Best, progress: Callable[[float, float], None] | None,
-         incumbent: Callable[[np.ndarray], None] | None = None) -> None:
-    """`highs.run()` in HiGHS's own thread, so that this one can report progress (and better solutions)
-    and take Ctrl-C: on any exception here (KeyboardInterrupt, or one from a callback) HiGHS is
-    cancelled, given GRACE seconds to stop, and the exception raised."""
+         incumbent: Callable[[np.ndarray], None] | None = None, stall: float | None = None) -> None:
+    """`highs.run()` in HiGHS's own thread, so that this one can report progress (and better solutions),
+    cancel a stalled search (see Milp.solve), and take Ctrl-C: on any exception here (KeyboardInterrupt,
+    or one from a callback) HiGHS is cancelled, given GRACE seconds to stop, and the exception raised."""
     _wait_stopped()  # highspy lets one run at a time
     highs.HandleUserInterrupt = True  # cancelSolve() stops the run at HiGHS's next interrupt check
     for callback in (highs.cbMipImprovingSolution, highs.cbMipInterrupt, highs.cbMipLogging):
@@ -228,8 +233,12 @@ def _run(highs, best: _Best, progress: Callable[[float, float], None] | None,
     if incumbent:
         highs.cbMipImprovingSolution.subscribe(best.improved)
     highs.startSolve()
+    best.since = time.perf_counter()
     try:
         while not highs.wait(TICK)[0]:
+            if stall is not None and np.isfinite(best.objective) and time.perf_counter() - best.since > stall:
+                highs.cancelSolve()  # HiGHS stops at its next interrupt check; this loop waits for it
+                stall = None
             if progress:
                 progress(best.objective, best.bound)
             if incumbent and best.values is not None:

@@ -26,6 +26,7 @@ FORMULATIONS = ("auto", "compact", "general")
 GENERAL_UP_TO = 40  # forward ops; "auto" poses smaller problems without choices to make in the general formulation
 HORIZONS = (None, 120, 80, 60, 40, 30, 20, 15, 10)
 START_SHARE = 0.1  # of a solve's time limit: lengthening the horizon for a heuristic start stops past it
+STALL_SHARE = 1 / 3  # of a ladder rung's share: a rung before the last that finds nothing better for so long stops
 RERUN_SLOTS = 2100  # "auto" horizon: the longest one whose (op, stage) rerun pairs stay within this
 
 # progress(stage, done, total, detail): what the solver is doing, for a progress display. `total` is
@@ -165,7 +166,9 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     early an op may rerun, in stages (None: unbounded; "auto": as long as the problem's size allows).
     A list of horizons (e.g. [15, None]), of formulations (e.g. ["compact", "general"]), or of both
     in step, solves at each rung in turn, each on an equal share of the time left and started from
-    the best schedule so far, and returns the last, which is never slower.
+    the best schedule so far, and returns the last, which is never slower; a rung before the last
+    whose search finds no better schedule for STALL_SHARE of its share stops and leaves the rest to
+    the rungs after it.
     The solver starts from the fastest of Chen's greedy schedules that fits, with ops run as
     PyTorch runs them or in their leanest way, or from `start` (a schedule of this problem) where
     that fits and is faster; where none fits, from the first schedule that a least-peak search
@@ -301,7 +304,8 @@ def _rung_text(formulation: str, horizon: int | None | str, settings: SolveSetti
 def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
             baseline: tuple[Schedule, Replay], beside: Beside | None) -> Solution:
     """`solve` at each rung of the ladder (see _rungs) in turn, each on an equal share of the time left and
-    started from the best schedule so far; the last solution, which is no slower than any before it."""
+    started from the best schedule so far, all but the last stopped where they stall (STALL_SHARE); the last
+    solution, which is no slower than any before it."""
     rungs = _rungs(settings)
     began, best, warnings = time.perf_counter(), None, []
     for i, (formulation, horizon) in enumerate(rungs):
@@ -311,7 +315,8 @@ def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Sched
             solution = _solve(problem, budget,
                               settings.but(time_limit=max(1.0, share), formulation=formulation, horizon=horizon),
                               best.schedule if best else start, progress, baseline, explain=last,
-                              label=_rung_text(formulation, horizon, settings), alone=best is None, beside=beside)
+                              label=_rung_text(formulation, horizon, settings), alone=best is None, beside=beside,
+                              stall=None if last else STALL_SHARE * share)
         except (_NoSchedule, SolverFailedError):
             if not last or best is not None:
                 continue
@@ -332,14 +337,14 @@ class _NoSchedule(Exception):
 
 def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
            baseline: tuple[Schedule, Replay], *, explain: bool, label: str = "", seek: bool = True,
-           alone: bool = True, beside: Beside | None = None) -> Solution:
+           alone: bool = True, beside: Beside | None = None, stall: float | None = None) -> Solution:
     """`solve` at one horizon; `baseline` is keep_all(problem, settings.options) and its replay. An
     infeasible budget raises InfeasibleBudgetError stating the least peak when `explain`, else
     _NoSchedule at once. Where no schedule at hand fits and `seek`, a least-peak search finds
     one first (see _least_within). `alone` lets the compact formulation, choosing implementations, solve
     checkpointing alone first (a ladder's later rungs start from a schedule that already beats it).
     Stages are reported to `progress` named after `label`; `beside` hears of each schedule found (the
-    starting one, HiGHS's incumbents)."""
+    starting one, HiGHS's incumbents). HiGHS stops where it finds no better schedule for `stall` seconds."""
     began = time.perf_counter()
     options, time_limit = settings.options or {}, settings.time_limit
     baseline, baseline_replay = baseline
@@ -406,7 +411,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     result = formulation.milp.solve(
         time_limit=max(1.0, time_limit - (time.perf_counter() - began)), seed=settings.seed, warm=warm,
         verbose=settings.solver_log, heuristic_effort=settings.heuristic_effort, abs_gap=settings.gap * reference * 1e3,
-        progress=_watch(progress, label + "solving", began, time_limit, step_time),
+        progress=_watch(progress, label + "solving", began, time_limit, step_time), stall=stall,
         incumbent=None if beside is None else lambda values: beside.offer(
             _unpose(formulation.schedule(values), posed, problem, fixed)))
     # Schedules of `problem` that the simulator finds within the budget without HiGHS: the starting

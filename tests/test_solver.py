@@ -448,3 +448,27 @@ def test_polish_keeps_a_share_of_the_time_for_the_neighbourhood_search():
     for share in (-0.1, 1.0):
         with pytest.raises(ValueError, match="polish"):
             solve(p, budget, polish=share)
+
+
+def test_a_stalled_search_stops_as_at_its_time_limit():
+    """`stall`: HiGHS stops once it has gone that long without a better solution (a ladder's rungs
+    before the last stop so and leave their time to the next). A 200-item knapsack with 10 weight rows:
+    HiGHS finds good packings at once and then branches to the time limit of 60 s (measured)."""
+    import numpy as np
+
+    from monet.solver.milp import Milp
+
+    rng = np.random.default_rng(0)
+    weights = rng.integers(20, 100, size=(10, 200))
+    values = rng.integers(10, 100, size=200) + weights.sum(axis=0) // 10
+    milp = Milp()
+    first = milp.add_vars(200, binary=True)
+    for j in range(200):
+        milp.add_cost(first + j, -float(values[j]))
+    for row in weights:
+        milp.add_row([(first + j, float(w)) for j, w in enumerate(row)], float(row.sum() // 2))
+    began = time.perf_counter()
+    result = milp.solve(time_limit=60, stall=1.0, mip_rel_gap=0)
+    assert time.perf_counter() - began < 20
+    assert result.status == "time_limit" and result.values is not None
+    assert result.bound <= result.objective < 0 and result.gap > 0
