@@ -17,6 +17,7 @@ distributed-<size>-cpu.{json,csv,md,png} to `-o`.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import functools
 import socket
 import statistics
@@ -62,8 +63,12 @@ def _local_bytes(model: torch.nn.Module, inputs: dict) -> int:
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
-def _rank(rank: int, world: int, port: int, args: dict, schedule_file: str | list[str] | None, out: str) -> None:
-    """One rank: wrap, train, and write (peak, median step seconds) to `out`/rank<rank>.pt."""
+def _rank(rank: int, world: int, port: int, args: dict, schedule_file: str | list[str] | None, out: str,
+          stacks_after: float) -> None:
+    """One rank: wrap, train, and write (peak, median step seconds) to `out`/rank<rank>.pt; a rank still
+    running after `stacks_after` seconds writes its threads' stacks to `out`/rank<rank>.stacks."""
+    stacks = open(f"{out}/rank{rank}.stacks", "w")  # noqa: SIM115 (open until the process exits)
+    faulthandler.dump_traceback_later(stacks_after, file=stacks)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
@@ -115,11 +120,13 @@ def _free_port() -> int:
 
 
 def run_ranks(world: int, args: dict, schedule_file: str | list[str] | None, timeout: float) -> list[tuple[int, float]]:
-    """(peak, median step seconds) of each rank; the ranks are killed if they outlive `timeout`."""
+    """(peak, median step seconds) of each rank; the ranks are killed if they outlive `timeout`, and the error
+    then holds the stacks of those still running, as they were 30 s before."""
     with tempfile.TemporaryDirectory() as out:
         context = mp.get_context("spawn")
         port = _free_port()
-        procs = [context.Process(target=_rank, args=(rank, world, port, args, schedule_file, out))
+        procs = [context.Process(target=_rank, args=(rank, world, port, args, schedule_file, out,
+                                                       max(0.5 * timeout, timeout - 30)))
                  for rank in range(world)]
         for proc in procs:
             proc.start()
@@ -129,7 +136,9 @@ def run_ranks(world: int, args: dict, schedule_file: str | list[str] | None, tim
                 proc.join(timeout=max(0.0, deadline - time.monotonic()))
             if any(proc.exitcode != 0 for proc in procs):
                 codes = [proc.exitcode for proc in procs]
-                raise RuntimeError(f"ranks exited with {codes} (None: still running after {timeout:g} s)")
+                running = [Path(out, f"rank{rank}.stacks") for rank, proc in enumerate(procs) if proc.exitcode is None]
+                stacks = "".join(f"\n{path.stem}'s stacks:\n{path.read_text()}" for path in running if path.exists())
+                raise RuntimeError(f"ranks exited with {codes} (None: still running after {timeout:g} s){stacks}")
             return [torch.load(f"{out}/rank{rank}.pt") for rank in range(world)]
         finally:
             for proc in procs:
