@@ -47,7 +47,8 @@ EFFORT = 1.0  # what the solves here use: the time limit cuts every UNet solve, 
 # The compact formulation chooses what to keep and how ops run at the horizon its size allows; the general
 # one, started from its schedule, reruns tensors several times as MONeT's ILP may: first at most 40 stages
 # ahead (a third of the unbounded formulation's size on UNet: it proves UNet 9 GB optimal), then at any
-# distance (VGG-16 7 GB needs it). Each rung gets an equal share of the time left.
+# distance (VGG-16 7 GB needs it). Each rung gets an equal share of the time left; one that stalls for a third of
+# it stops and leaves the rest to the next (solver.solve's STALL_SHARE; UNet 6 and 9 GB gained, by hand).
 SETTINGS = SolveSettings(formulation=("compact", "general", "general"), horizon=("auto", 40, None),
                          implementations=True, gap=1e-4)
 # GoogLeNet's automatic horizon is 10 of its 280 stages (the compact formulation proves its optimum there in
@@ -227,6 +228,7 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
     """monet's solve of the converted instance (SETTINGS, or its model's LADDERS, in `workers` processes):
     objective and bound in 0.01 ms, or what failed."""
     from monet.solver import solve
+    from monet.solver.solve import STALL_SHARE
 
     from .monet_convert import UNIT, budget_bytes, convert
 
@@ -235,7 +237,8 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
     settings = LADDERS.get(inst.model, SETTINGS).but(time_limit=time_limit, heuristic_effort=heuristic_effort,
                                                      workers=workers)
     record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit,
-              "heuristic_effort": heuristic_effort, "workers": workers, "formulation": ",".join(settings.formulation),
+              "heuristic_effort": heuristic_effort, "workers": workers, "stall_share": STALL_SHARE,
+              "formulation": ",".join(settings.formulation),
               "horizon": ",".join(str(h).lower() for h in settings.horizon)}
     try:
         sol = solve(converted.problem, budget_bytes(inst), settings)
@@ -285,6 +288,8 @@ def table(folder: Path, solves: dict | None = None) -> str:
         effort = f", effort {rec.get('heuristic_effort', HIGHS_EFFORT):g}, {_rungs(rec)}"
         if rec.get("workers", 1) > 1:
             effort += f", {rec['workers']} processes"
+        if rec.get("stall_share"):
+            effort += ", stalled rungs stop"
         if "objective" not in rec:
             return f"{rec['status']} after {rec['seconds']:.0f} s{effort}"
         versus = f" ({rec['objective'] / reference - 1:+.2%})" if reference else ""
@@ -336,7 +341,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.solves.name} (units: MONeT's 0.01 ms). Gurobi ran MONeT's ILP 24 h on 12 threads (P100 "
             "profile); monet solves the converted instance (benchmarks/monet_convert.py) with implementation "
             "choices, on this machine's shared cores, with the formulations and horizons each cell names (one; or "
-            "a ladder, each rung started from the best schedule so far on an equal share of the time left), "
+            "a ladder, each rung started from the best schedule so far on an equal share of the time left; where a "
+            "cell says \"stalled rungs stop\", a rung before the last stops after a third of its share without a "
+            "better schedule), "
             "HiGHS's heuristic effort and, where a cell says \"2 processes\", a neighbourhood search beside the "
             "search in a second process (one solve at a time then). \"Gurobi's schedule "
             "replayed\" is Gurobi's own solution converted to a monet schedule and replayed in monet's "
