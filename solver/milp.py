@@ -189,7 +189,7 @@ class _Best:
     def __init__(self):
         self.objective = np.inf
         self.bound = -np.inf
-        self.since = time.perf_counter()  # when the best objective last changed
+        self.since = time.perf_counter()  # when the best objective last changed (made just before its run)
         self.values: np.ndarray | None = None  # the newest better solution, until taken
 
     def seen(self, event) -> None:
@@ -233,7 +233,6 @@ def _run(highs, best: _Best, progress: Callable[[float, float], None] | None,
     if incumbent:
         highs.cbMipImprovingSolution.subscribe(best.improved)
     highs.startSolve()
-    best.since = time.perf_counter()
     try:
         while not highs.wait(TICK)[0]:
             if stall is not None and np.isfinite(best.objective) and time.perf_counter() - best.since > stall:
