@@ -25,17 +25,18 @@ def test_compiled_cnn_trains_like_eager_and_keeps_the_saving():
     bytes, the same at 0ed11cc and 3df70ea). Not yet within the prediction, which is for the ops
     unfused: Inductor's buffers measured 5.5 % over it once and 8.3 % on 2026-11-25 (12,187,672
     bytes predicted; 2.8 % for keep-everything; README, "Compiled by Inductor"), so the bound below
-    is that measurement with a margin, not the 3 % the uncompiled runtime meets."""
+    is that measurement with a margin, not the 3 % the uncompiled runtime meets. Solved to a 2 % gap
+    (2026-11-27, to save test time): 0.517 (12,384,800 bytes), 1.6 % over the prediction."""
     model, shape = small_model("cnn")
     reference = copy.deepcopy(model)
-    schedule = monet.solve(copy.deepcopy(model), shape, "50%", cost_model="analytic", time_limit=30)
+    schedule = monet.solve(copy.deepcopy(model), shape, "50%", cost_model="analytic", time_limit=30, gap=0.02)
     assert schedule.schedule.options, "the schedule should run some ops otherwise"
     wrapped = MONeTWrapper(model, schedule, shape, compile=True)
     errors = gradient_errors(wrapped, model, reference, small_batch("cnn"))
     errors_within_rounding(errors, inductor_rounding("cnn", wrapped.spec.single))
 
     x = small_batch("cnn")
-    keep_all = monet.solve(copy.deepcopy(reference), shape, "100%", cost_model="analytic", time_limit=30)
+    keep_all = monet.solve(copy.deepcopy(reference), shape, "100%", cost_model="analytic", time_limit=30, gap=0.02)
     half, full = (_compiled_peak(copy.deepcopy(reference), s, shape, x) for s in (schedule, keep_all))
     assert half <= 0.56 * full, (half, full)
     assert abs(half / schedule.predicted.peak - 1) <= 0.09, (half, schedule.predicted.peak)  # 8.3 % here
@@ -46,12 +47,12 @@ def test_dropout_replay_is_refused_and_bits_compile_with_eagers_masks():
     before compiling. With those choices fixed to the packed mask the schedule compiles, and its
     dropout masks are eager's (gradients within Inductor's rounding)."""
     model, shape = small_model("transformer")
-    schedule = monet.solve(copy.deepcopy(model), shape, "50%", cost_model="analytic", time_limit=30)
+    schedule = monet.solve(copy.deepcopy(model), shape, "50%", cost_model="analytic", time_limit=30, gap=0.02)
     replayed = [c for c, o in schedule.schedule.options.items() if o == "replay"]
     assert replayed, "the 50 % schedule should replay some dropouts"
     with pytest.raises(ScheduleMismatchError, match="cannot run under Inductor: .*replay.*compile=False"):
         MONeTWrapper(copy.deepcopy(model), schedule, shape, compile=True)
-    bits = monet.solve(copy.deepcopy(model), shape, "50%", cost_model="analytic", time_limit=10,
+    bits = monet.solve(copy.deepcopy(model), shape, "50%", cost_model="analytic", time_limit=10, gap=0.02,
                        options=dict.fromkeys(replayed, "bits"))
     reference = copy.deepcopy(model)
     wrapped = MONeTWrapper(model, bits, shape, compile=True)
