@@ -35,9 +35,9 @@ def test_backend_trains_like_torch_compile_in_half_the_memory():
     the measured peak at most 0.6 of torch.compile's own, and near the prediction, which counts ATen
     ops, not Inductor's buffers: 5.5 to 8.4 % under the measurement here (README, "Compiled by
     Inductor"), so the bound is that with a margin, not the 3 % the uncompiled runtime meets. The
-    solve runs to a 2 % gap (about 30 s here; to the default 0.5 % it took 70-200 s): cut short by its time
-    limit it returns another schedule depending on the machine's load, and the heuristic one it falls back
-    on measured 17.5 % over."""
+    solve runs to a 2 % gap (the test took 40-48 s here; 196-213 s to the default 0.5 %): cut short by its
+    time limit it returns another schedule depending on the machine's load, and the heuristic one it falls
+    back on measured 17.5 % over."""
     model, shape = small_model("cnn")
     reference, plain = copy.deepcopy(model), copy.deepcopy(model)
     spec, x = InputSpec(shape), small_batch("cnn")
