@@ -1,7 +1,8 @@
 """What monet does on a GPU, measured in one short run (a lent GPU's time is scarce).
 
 `python -m benchmarks.gpu_check -o DIR [--stages ...] [--schedules DIR] [--deadline S]` writes
-DIR/results.json (one record per stage, rewritten as each ends) and, per stage:
+DIR/results.json (one record per stage, rewritten as each ends; an earlier run's records in DIR are kept)
+and, per stage:
 - `cnn`, `transformer` (the bundled models): eager's step peak and time; a measured profile (written
   as a problem file, for solving anywhere); schedules at 100 % and 50 % (or 2 % over the least peak
   where 50 % is below it), each one's predicted and measured peak (`torch.cuda.max_memory_allocated`,
@@ -9,9 +10,12 @@ DIR/results.json (one record per stage, rewritten as each ends) and, per stage:
   step (`*.ops.json`: every ATen call in order with the bytes allocated after it and the allocator's peak
   during it) and a CUDA memory snapshot of the 50 % step; and every parameter's gradient error against
   a float64 run (see float64_errors).
-- `runs`: each of `--models` at MONeT's batch size (MONAI ResNet-50 184, GoogLeNet 320, MobileNetV2 272,
-  VGG-16 176; 224x224): eager, per-block checkpointing and the schedules in `--schedules` (solved
-  elsewhere), each one's peak and step time; a fresh profile, written for solving elsewhere.
+- `profiles`: each of `--models` at MONeT's setting (MONAI ResNet-50 184, GoogLeNet 320, MobileNetV2 272,
+  VGG-16 176 at 224x224; UNet 11 at 416x608), profiled here and written as NAME-bBATCH.problem.json, for
+  solving elsewhere (or beside the GPU's next stages, on its host's cores).
+- `runs`: each of `--models` at MONeT's setting: eager, per-block checkpointing and the schedules in
+  `--schedules` (solved elsewhere), each one's peak and step time; the profile is the output folder's
+  problem file where `profiles` wrote one, else a fresh one, written there.
 - `compiled`: torch.compile's step of each of `--models` at `--compile-share` of its activation memory.
 - `resnet50-gradients`: ResNet-50 at batch 32, its 50 % schedule's gradient errors against float64.
 - `batch-norm`: training batch norm's native kernels (the traced graph's) against cuDNN's (eager's).
@@ -195,13 +199,11 @@ def check_model(name: str, model, shape, budgets, out: Path, time_limit: float, 
     record(name, rec)
 
 
-STAGES = ("cnn", "transformer", "runs", "compiled", "resnet50-gradients", "batch-norm")
-# MONeT's published settings (batch sizes at 224x224), which the `runs` and `compiled` stages use
-MONET_BATCH = {"resnet50": 184, "googlenet": 320, "mobilenet_v2": 272, "vgg16": 176}
-
-
-def monet_shape(name: str) -> tuple[int, ...]:
-    return (MONET_BATCH[name], *MODELS[name].input_shape[1:])
+STAGES = ("cnn", "transformer", "profiles", "runs", "compiled", "resnet50-gradients", "batch-norm")
+# MONeT's published settings (its paper's batch sizes; UNet at Checkmate's 416x608), which the
+# `profiles`, `runs` and `compiled` stages use
+MONET_SHAPE = {"resnet50": (184, 3, 224, 224), "googlenet": (320, 3, 224, 224), "mobilenet_v2": (272, 3, 224, 224),
+               "vgg16": (176, 3, 224, 224), "unet": (11, 3, 416, 608)}
 
 
 def _benchmark_model(name: str, shape):
@@ -214,30 +216,45 @@ def _benchmark_model(name: str, shape):
     return model, x, weights
 
 
+def problem_path(name: str, out: Path) -> Path:
+    return out / f"{name}-b{MONET_SHAPE[name][0]}.problem.json"
+
+
+def model_profile(name: str, out: Path, record, model=None):
+    """A benchmark model at MONeT's setting profiled here (measured costs), written to `out`."""
+    from monet.solver import keep_all, simulate
+
+    shape = MONET_SHAPE[name]
+    if model is None:
+        model = _benchmark_model(name, shape)[0]
+    began = time.perf_counter()
+    problem = monet.profile(model, shape, cost_model="measured")
+    rec = {"shape": list(shape), "profile_seconds": time.perf_counter() - began, "held": problem.problem.held,
+           "keep_all_peak": simulate(problem.problem, keep_all(problem.problem)).peak}
+    problem.save(problem_path(name, out))
+    torch.cuda.empty_cache()
+    record(f"{name}-profile", rec)
+    return problem
+
+
 def model_runs(name: str, out: Path, schedules: Path | None, record) -> None:
-    """A benchmark model at MONeT's size: eager, per-block checkpointing and monet's schedules in
+    """A benchmark model at MONeT's setting: eager, per-block checkpointing and monet's schedules in
     `schedules` named NAME-*.json (solved elsewhere from a problem profiled here; each is also replayed on
-    this run's fresh profile), each one's peak and step time. The fresh profile is written as
-    NAME-bBATCH.problem.json, for solving elsewhere (and for the next run's schedules)."""
-    from monet.schedules import load_schedule
+    the output folder's profile), each one's peak and step time."""
+    from monet.schedules import load_problem, load_schedule
     from monet.solver import simulate
 
     from .competitors import checkpoint_blocks
 
-    shape = monet_shape(name)
+    shape = MONET_SHAPE[name]
     model, x, weights = _benchmark_model(name, shape)
     rec = {"shape": list(shape), "eager": measured_peak(model, x, weights, model)}
     rec["eager"]["seconds"] = median_step_seconds(model, x, weights, steps=3)
     clear_grads(model)
     torch.cuda.empty_cache()
     record(name, rec)
-    began = time.perf_counter()
-    problem = monet.profile(model, shape, cost_model="measured")
-    rec["profile_seconds"] = time.perf_counter() - began
-    rec["held"] = problem.problem.held
-    problem.save(out / f"{name}-b{shape[0]}.problem.json")
-    torch.cuda.empty_cache()
-    record(name, rec)
+    path = problem_path(name, out)
+    problem = load_problem(path) if path.exists() else model_profile(name, out, record, model)
     blocks = copy.deepcopy(model)
     checkpoint_blocks(blocks, MODELS[name].blocks(blocks))
     rec["checkpoint-blocks"] = measured_peak(blocks, x, weights, blocks)
@@ -265,7 +282,7 @@ def compiled_run(name: str, share: float, record) -> None:
     """torch.compile's training step of the same model at `share` of its activation memory."""
     from .competitors import compiled
 
-    shape = monet_shape(name)
+    shape = MONET_SHAPE[name]
     model, x, weights = _benchmark_model(name, shape)
     began = time.perf_counter()
     module = compiled(model, share, lambda m: step(m, x, weights))
@@ -334,9 +351,10 @@ def main(argv=None) -> None:
     parser.add_argument("-o", "--output", type=Path, required=True)
     parser.add_argument("--stages", nargs="+", choices=STAGES,
                         default=["runs", "cnn", "transformer", "resnet50-gradients", "compiled"])
-    parser.add_argument("--models", nargs="+", default=["resnet50"], choices=sorted(MONET_BATCH),
-                        help="models the runs and compiled stages measure, at MONeT's batch sizes. Default: resnet50")
-    parser.add_argument("--schedules", type=Path, help="ResNet-50 schedules (*.json) solved elsewhere")
+    parser.add_argument("--models", nargs="+", default=["resnet50"], choices=sorted(MONET_SHAPE),
+                        help="models the profiles, runs and compiled stages measure, at MONeT's settings. "
+                             "Default: resnet50")
+    parser.add_argument("--schedules", type=Path, help="schedules (NAME-*.json) solved elsewhere, for the runs stage")
     parser.add_argument("--compile-share", type=float, default=0.5,
                         help="torch.compile's activation_memory_budget in the compiled stage. Default: 0.5")
     parser.add_argument("--deadline", type=float, default=240, help="seconds after which no stage starts")
@@ -346,9 +364,11 @@ def main(argv=None) -> None:
         raise SystemExit("gpu_check needs a CUDA device")
     out = args.output
     out.mkdir(parents=True, exist_ok=True)
-    results = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-               "device": torch.cuda.get_device_name(), "tf32": [torch.backends.cuda.matmul.fp32_precision,
-                                                              torch.backends.cudnn.conv.fp32_precision]}
+    earlier = out / "results.json"  # an earlier invocation's stages in this folder are kept
+    results = json.loads(earlier.read_text()) if earlier.exists() else {}
+    results.update({"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+                    "device": torch.cuda.get_device_name(), "tf32": [torch.backends.cuda.matmul.fp32_precision,
+                                                                   torch.backends.cudnn.conv.fp32_precision]})
     began = time.perf_counter()
 
     def record(stage, rec):
@@ -361,6 +381,7 @@ def main(argv=None) -> None:
                                    args.time_limit, record),
         "transformer": lambda: check_model("transformer", monet.models.Transformer(dim=256, depth=4, dropout=0.0),
                                            (16, 256, 256), ["100%", "50%"], out, args.time_limit, record),
+        "profiles": lambda: [model_profile(name, out, record) for name in args.models],
         "runs": lambda: [model_runs(name, out, args.schedules, record) for name in args.models],
         "compiled": lambda: [compiled_run(name, args.compile_share, record) for name in args.models],
         "batch-norm": lambda: batch_norm_kernels(record),
