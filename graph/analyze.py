@@ -23,6 +23,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from monet.errors import MonetError
 from monet.solver import Impl, Op, Problem, Tensor
 
+from .cudnn_batch_norm import TRAINING_FORWARDS
+
 _INPUT_ROLES = {d.ParamAOTInput: "param", d.BufferAOTInput: "buffer", d.PlainAOTInput: "input",
                 d.TangentAOTInput: "tangent"}
 _CUDA_BLOCK = 512  # the CUDA caching allocator rounds every block to this
@@ -75,9 +77,6 @@ def _forward_nodes(graph: torch.fx.Graph, fwd_outputs: list[torch.fx.Node]) -> s
     return seen
 
 
-_TRAINING_BATCH_NORM = torch.ops.aten._native_batch_norm_legit_functional.default
-
-
 def _recomputable(node: torch.fx.Node, mutated_buffers: set[str]) -> bool:
     """Whether rerunning `node` in the backward gives the values it gave in the forward.
 
@@ -93,7 +92,7 @@ def _recomputable(node: torch.fx.Node, mutated_buffers: set[str]) -> bool:
     if node.is_impure():
         return False
     reads_mutated = any(arg.name in mutated_buffers for arg in node.all_input_nodes)
-    return not reads_mutated or (target is _TRAINING_BATCH_NORM and node.args[5] is True)
+    return not reads_mutated or (target in TRAINING_FORWARDS and node.args[5] is True)
 
 
 def input_values(gm: torch.fx.GraphModule) -> list[torch.Tensor]:

@@ -39,6 +39,7 @@ from monet.errors import MonetError
 from monet.schedules import AUTOCAST_DTYPES, Inputs
 
 from .causal_masks import fold_causal_masks
+from .cudnn_batch_norm import match_eager_batch_norm
 from .dropout_scale import match_eager_dropout
 from .example import Example
 
@@ -87,6 +88,7 @@ class TracedStep:
             self.loss_only = bool(loss_only)
             fold_causal_masks(self._joint.graph_module)
             match_eager_dropout(self._joint.graph_module)
+            match_eager_batch_norm(self._joint.graph_module)
         except Exception as exc:
             self._stack.close()
             reason = _explain(exc)

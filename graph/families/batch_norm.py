@@ -11,8 +11,9 @@ from torch import fx
 from monet.solver.edit import Alternative, ChoiceSpec
 
 from .. import kernels
+from ..cudnn_batch_norm import TRAINING_BACKWARDS, TRAINING_FORWARDS
 from ..profile import measure_call
-from .base import RERUN, Measured, Site, aten, check_exact, producer_of, relative_error, tensor_of
+from .base import RERUN, Measured, Site, check_exact, producer_of, relative_error, tensor_of
 
 
 class BatchNormFromOutput:
@@ -25,17 +26,16 @@ class BatchNormFromOutput:
     error on the profiling batch reported."""
 
     name, options, approximate = "batch_norm", ("input", "output"), ("output",)
-    _forward = aten._native_batch_norm_legit_functional.default
 
     def find(self, gm, analysis):
         return [site for node in gm.graph.nodes
-                if node.op == "call_function" and node.target is aten.native_batch_norm_backward.default
+                if node.op == "call_function" and node.target in TRAINING_BACKWARDS
                 for site in [self.match(node, analysis)] if site]
 
     def match(self, node, analysis):
         grad, _, weight, _, _, mean, invstd, train = node.args[:8]
         forward = mean.args[0] if isinstance(mean, fx.Node) and mean.target is operator.getitem else None
-        if not train or forward is None or forward.target is not self._forward:
+        if not train or forward is None or forward.target not in TRAINING_FORWARDS:
             return None
         bias = forward.args[2]
         out = [user for user in forward.users if user.target is operator.getitem and user.args[1] == 0]
@@ -80,13 +80,14 @@ class BatchNormRerun:
     statistics computed again) or from the statistics the forward saved (the normalisation
     alone). The second keeps those statistics saved (a few bytes per channel) and gives the
     forward's output bit for bit in every dtype (see kernels.batch_norm_from_stats); the reduction
-    it skips is most of a batch norm's time on CPU."""
+    it skips is most of a batch norm's time on CPU. Where the forward is cuDNN's (CUDA, see
+    cudnn_batch_norm), the option stands only if its kernel gives cuDNN's output bit for bit on the
+    profiling run (check_exact decides, per batch norm)."""
 
     name, options, approximate = "batch_norm_rerun", ("full", "stats"), ()
-    _forward = aten._native_batch_norm_legit_functional.default
 
     def find(self, gm, analysis):
-        return [site for node in gm.graph.nodes if node.op == "call_function" and node.target is self._forward
+        return [site for node in gm.graph.nodes if node.op == "call_function" and node.target in TRAINING_FORWARDS
                 for site in [self.match(node, analysis)] if site]
 
     def match(self, node, analysis):
