@@ -99,10 +99,8 @@ def whole_step_at_half(factory, autocast=None):
     torch.manual_seed(0)
     model, inputs = factory()
     reference = copy.deepcopy(model)
-    # at 15 s the BERT classifier's search for a first schedule under 50 % (no heuristic schedule fits) took
-    # the whole limit: no schedule
     schedule = monet.solve(copy.deepcopy(model), inputs, "50%", optimizer="adam", autocast=autocast,
-                           cost_model="analytic", time_limit=30 if autocast is None else 40)
+                           cost_model="analytic", time_limit=15 if autocast is None else 20)
     peak, grads = train(MONeTWrapper(model, schedule, inputs), model, inputs)
     eager_peak, expected = train(reference if autocast is None else Autocast(reference, autocast), reference, inputs)
     predicted = schedule.predicted.peak
