@@ -13,9 +13,12 @@ and, per stage:
 - `profiles`: each of `--models` at MONeT's setting (MONAI ResNet-50 184, GoogLeNet 320, MobileNetV2 272,
   VGG-16 176 at 224x224; UNet 11 at 416x608), profiled here and written as NAME-bBATCH.problem.json, for
   solving elsewhere (or beside the GPU's next stages, on its host's cores).
+- `solves`: `monet solve` of each profiled model at each of `--budgets`, every one in a process of its own
+  on the host's cores, into DIR/schedules (logs beside); started here and waited for by `runs`, so the
+  stages between (`cnn`, `transformer`) use the GPU meanwhile.
 - `runs`: each of `--models` at MONeT's setting: eager, per-block checkpointing and the schedules in
-  `--schedules` (solved elsewhere), each one's peak and step time; the profile is the output folder's
-  problem file where `profiles` wrote one, else a fresh one, written there.
+  `--schedules` (default: what `solves` wrote), each one's peak and step time; the profile is the output
+  folder's problem file where `profiles` wrote one, else a fresh one, written there.
 - `compiled`: torch.compile's step of each of `--models` at `--compile-share` of its activation memory.
 - `resnet50-gradients`: ResNet-50 at batch 32, its 50 % schedule's gradient errors against float64.
 - `batch-norm`: training batch norm's native kernels (the traced graph's) against cuDNN's (eager's).
@@ -30,6 +33,8 @@ import contextlib
 import copy
 import json
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -199,7 +204,7 @@ def check_model(name: str, model, shape, budgets, out: Path, time_limit: float, 
     record(name, rec)
 
 
-STAGES = ("cnn", "transformer", "profiles", "runs", "compiled", "resnet50-gradients", "batch-norm")
+STAGES = ("cnn", "transformer", "profiles", "solves", "runs", "compiled", "resnet50-gradients", "batch-norm")
 # MONeT's published settings (its paper's batch sizes; UNet at Checkmate's 416x608), which the
 # `profiles`, `runs` and `compiled` stages use
 MONET_SHAPE = {"resnet50": (184, 3, 224, 224), "googlenet": (320, 3, 224, 224), "mobilenet_v2": (272, 3, 224, 224),
@@ -235,6 +240,35 @@ def model_profile(name: str, out: Path, record, model=None):
     torch.cuda.empty_cache()
     record(f"{name}-profile", rec)
     return problem
+
+
+class Solves:
+    """The `solves` stage's processes: started by `start`, waited for (and their summaries recorded) by `wait`."""
+
+    def __init__(self):
+        self.running: list[tuple[str, subprocess.Popen, Path]] = []
+
+    def start(self, out: Path, models, budgets, seconds: float) -> None:
+        folder = out / "schedules"
+        folder.mkdir(exist_ok=True)
+        for name in models:
+            for budget in budgets:
+                tag, log = f"{name}-{budget}", folder / f"{name}-{budget}.log"
+                command = [sys.executable, "-m", "monet.cli", "solve", "--problem", str(problem_path(name, out)),
+                           "--budget", f"{budget}%", "--time-limit", f"{seconds:g}", "-o", str(folder / f"{tag}.json")]
+                with log.open("w") as file:
+                    self.running.append((tag, subprocess.Popen(command, stdout=file, stderr=subprocess.STDOUT), log))
+
+    def wait(self, record) -> None:
+        done = {}
+        for tag, process, log in self.running:
+            process.wait()
+            lines = [" ".join(line.replace("│", " ").split()) for line in log.read_text().splitlines()]
+            done[tag] = {"returncode": process.returncode,
+                         "summary": [line for line in lines if line.startswith(("predicted", "solver", "error"))]}
+        self.running = []
+        if done:
+            record("solves", done)
 
 
 def model_runs(name: str, out: Path, schedules: Path | None, record) -> None:
@@ -354,7 +388,11 @@ def main(argv=None) -> None:
     parser.add_argument("--models", nargs="+", default=["resnet50"], choices=sorted(MONET_SHAPE),
                         help="models the profiles, runs and compiled stages measure, at MONeT's settings. "
                              "Default: resnet50")
-    parser.add_argument("--schedules", type=Path, help="schedules (NAME-*.json) solved elsewhere, for the runs stage")
+    parser.add_argument("--schedules", type=Path,
+                        help="schedules (NAME-*.json) for the runs stage. Default: DIR/schedules (the solves stage's)")
+    parser.add_argument("--budgets", nargs="+", type=int, default=[100, 50, 33],
+                        help="budgets (%% of the unconstrained peak) the solves stage solves. Default: 100 50 33")
+    parser.add_argument("--solve-seconds", type=float, default=90, help="the solves stage's time limit. Default: 90")
     parser.add_argument("--compile-share", type=float, default=0.5,
                         help="torch.compile's activation_memory_budget in the compiled stage. Default: 0.5")
     parser.add_argument("--deadline", type=float, default=240, help="seconds after which no stage starts")
@@ -376,13 +414,16 @@ def main(argv=None) -> None:
         (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
         print(f"[{time.perf_counter() - began:.0f}s] {stage}: {json.dumps(rec, default=str)[:1500]}", flush=True)
 
+    solves = Solves()
     stages = {
         "cnn": lambda: check_model("cnn", monet.models.ResidualCNN(), (32, 3, 64, 64), ["100%", "50%"], out,
                                    args.time_limit, record),
         "transformer": lambda: check_model("transformer", monet.models.Transformer(dim=256, depth=4, dropout=0.0),
                                            (16, 256, 256), ["100%", "50%"], out, args.time_limit, record),
         "profiles": lambda: [model_profile(name, out, record) for name in args.models],
-        "runs": lambda: [model_runs(name, out, args.schedules, record) for name in args.models],
+        "solves": lambda: solves.start(out, args.models, args.budgets, args.solve_seconds),
+        "runs": lambda: [solves.wait(record), *(model_runs(name, out, args.schedules or out / "schedules", record)
+                                                for name in args.models)],
         "compiled": lambda: [compiled_run(name, args.compile_share, record) for name in args.models],
         "batch-norm": lambda: batch_norm_kernels(record),
         "resnet50-gradients": lambda: gradients_at("resnet50", (32, 3, 224, 224), out, args.time_limit, record),
@@ -397,6 +438,7 @@ def main(argv=None) -> None:
             results[stage + ":error"] = repr(exc)
             record(stage + ":error", repr(exc))
         torch.cuda.empty_cache()
+    solves.wait(record)
 
 
 if __name__ == "__main__":
