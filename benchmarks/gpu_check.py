@@ -248,13 +248,13 @@ class Solves:
     def __init__(self):
         self.running: list[tuple[str, subprocess.Popen, Path]] = []
 
-    def start(self, out: Path, models, budgets, seconds: float) -> None:
-        folder = out / "schedules"
+    def start(self, folder: Path, problems: dict[str, Path], budgets, seconds: float) -> None:
+        """Solve each of `problems` (name -> problem file) at each of `budgets` (%) into `folder`/NAME-BUDGET.json."""
         folder.mkdir(exist_ok=True)
-        for name in models:
+        for name, problem in problems.items():
             for budget in budgets:
                 tag, log = f"{name}-{budget}", folder / f"{name}-{budget}.log"
-                command = [sys.executable, "-m", "monet.cli", "solve", "--problem", str(problem_path(name, out)),
+                command = [sys.executable, "-m", "monet.cli", "solve", "--problem", str(problem),
                            "--budget", f"{budget}%", "--time-limit", f"{seconds:g}", "-o", str(folder / f"{tag}.json")]
                 with log.open("w") as file:
                     self.running.append((tag, subprocess.Popen(command, stdout=file, stderr=subprocess.STDOUT), log))
@@ -421,7 +421,8 @@ def main(argv=None) -> None:
         "transformer": lambda: check_model("transformer", monet.models.Transformer(dim=256, depth=4, dropout=0.0),
                                            (16, 256, 256), ["100%", "50%"], out, args.time_limit, record),
         "profiles": lambda: [model_profile(name, out, record) for name in args.models],
-        "solves": lambda: solves.start(out, args.models, args.budgets, args.solve_seconds),
+        "solves": lambda: solves.start(out / "schedules", {name: problem_path(name, out) for name in args.models},
+                                       args.budgets, args.solve_seconds),
         "runs": lambda: [solves.wait(record), *(model_runs(name, out, args.schedules or out / "schedules", record)
                                                 for name in args.models)],
         "compiled": lambda: [compiled_run(name, args.compile_share, record) for name in args.models],
