@@ -77,18 +77,17 @@ def _eager_uses_cudnn(node: torch.fx.Node) -> bool:
         return False
 
 
-def match_eager_batch_norm(gm: torch.fx.GraphModule) -> int:
-    """Give every training batch norm that eager runs with cuDNN cuDNN's kernels; how many did."""
-    changed = 0
+def match_eager_batch_norm(gm: torch.fx.GraphModule) -> None:
+    """Give every training batch norm that eager runs with cuDNN cuDNN's kernels."""
+    changed = False
     for node in gm.graph.find_nodes(op="call_function", target=NATIVE_FORWARD):
         if not _eager_uses_cudnn(node):
             continue
         node.target = cudnn_batch_norm
-        changed += 1
+        changed = True
         for stat in node.users:  # the backward reads the forward's saved mean through a getitem
             for user in stat.users:
                 if user.target is NATIVE_BACKWARD and user.args[5] is stat:
                     user.target = cudnn_batch_norm_backward
     if changed:
         gm.recompile()
-    return changed
