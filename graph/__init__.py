@@ -15,7 +15,7 @@ from .analyze import GraphAnalysis, UnsupportedGraphError, allocation_bytes, ana
 from .capture import TracedStep, TraceError, inductor_compile, model_device, sharded_parameters
 from .cost_model import analytic_times, fused_reruns
 from .example import Example, tensor_spec
-from .implementations import RERUN, choice_specs, inductor_excluded, not_compiled, rewrite, structure
+from .implementations import RERUN, choice_specs, inductor_excluded, inductor_fused, not_compiled, rewrite, structure
 from .optimizer import measure_update
 from .profile import Feed, measure_times, measure_workspace
 
@@ -72,7 +72,7 @@ def cost_graph(gm: torch.fx.GraphModule, analysis: GraphAnalysis, feed: Feed, co
 __all__ = [
     "COST_MODELS", "RERUN", "Example", "Feed", "GraphAnalysis", "InputSpec", "Inputs", "TraceError", "TracedStep",
     "UnsupportedGraphError",
-    "inductor_compile", "inductor_excluded", "not_compiled", "rewrite", "structure",
+    "inductor_compile", "inductor_excluded", "inductor_fused", "not_compiled", "rewrite", "structure",
     "allocation_bytes", "analyze", "analytic_times", "cost_graph", "costed_problem", "fingerprint", "fused_reruns",
     "measure_times", "measure_workspace", "model_device", "sharded_parameters", "tensor_spec",
 ]

@@ -39,17 +39,31 @@ def analytic_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule) -> dict[st
     return costs
 
 
-def fused_reruns(problem: Problem, gm: torch.fx.GraphModule) -> Problem:
+def fused_reruns(problem: Problem, gm: torch.fx.GraphModule, options: dict[str, tuple[str, ...]] | None = None) \
+        -> Problem:
     """`problem` (of the joint graph `gm`) with the reruns of its pointwise forward ops priced at no
     time, as Inductor runs them: fused into the kernel that reads their output, which reads their
     inputs instead (Inductor's own partitioner recomputes such ops for the same reason). Their
-    outputs still count as buffers of their own. Reruns an option prices itself keep that price."""
+    outputs still count as buffers of their own. Reruns an option prices itself keep that price,
+    except under the `options` ({choice: options}, implementations.inductor_fused) whose reruns
+    Inductor runs as pointwise kernels too (a batch norm rerun from its saved statistics)."""
     pointwise = {n.name for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)
                  and torch.Tag.pointwise in n.target.tags}
+    options = options or {}
 
     def free(impl):
         return replace(impl, rerun_time=0.0) if impl.rerun_time is None else impl
 
-    return replace(problem, ops=tuple(replace(op, pytorch=free(op.pytorch), others=tuple(map(free, op.others)))
-                                      if op.phase == "forward" and op.name in pointwise else op
-                                      for op in problem.ops))
+    def priced(op):
+        if op.phase != "forward":
+            return op
+        if op.name in pointwise:
+            return replace(op, pytorch=free(op.pytorch), others=tuple(map(free, op.others)))
+        fused = options.get(op.choice, ())
+        if not fused:
+            return op
+        names = problem.choice_named[op.choice].options
+        return replace(op, others=tuple(replace(impl, rerun_time=0.0) if names[i + 1] in fused else impl
+                                        for i, impl in enumerate(op.others)))
+
+    return replace(problem, ops=tuple(map(priced, problem.ops)))

@@ -35,7 +35,8 @@ from .families import (
 )
 from .profile import Feed, run_graph
 
-__all__ = ["RERUN", "choice_specs", "families", "inductor_excluded", "not_compiled", "rewrite", "structure"]
+__all__ = ["RERUN", "choice_specs", "families", "inductor_excluded", "inductor_fused", "not_compiled", "rewrite",
+           "structure"]
 
 
 def families(device: torch.device, *, times_measured: bool = True) -> list:
@@ -116,6 +117,14 @@ def inductor_excluded(gm: fx.GraphModule, analysis: GraphAnalysis) -> dict[str, 
     device = input_values(gm)[0].device
     return {site.choice: tuple(family.not_compiled) for family in families(device)
             if getattr(family, "not_compiled", None) for site in family.find(gm, analysis)}
+
+
+def inductor_fused(gm: fx.GraphModule, analysis: GraphAnalysis) -> dict[str, tuple[str, ...]]:
+    """{choice: its options whose rerun Inductor fuses into the kernel that reads it} for every site of
+    `gm` that has such options: what a solve for a compiled step prices as free reruns (fused_reruns)."""
+    device = input_values(gm)[0].device
+    return {site.choice: fused for family in families(device) if hasattr(family, "fused_reruns")
+            for fused in [family.fused_reruns(device)] if fused for site in family.find(gm, analysis)}
 
 
 def rewrite(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str, str]) -> None:

@@ -60,7 +60,8 @@ def segment_cuts(problem: Problem) -> list[int]:
 def chen_candidates(problem: Problem) -> list[frozenset[int]]:
     """Drop sets of Chen's greedy: walk the forward pass, keep a segment cut whenever the
     bytes since the last kept cut pass a threshold, drop every other droppable tensor;
-    one drop set per threshold on a geometric grid, plus dropping only what is never worth keeping."""
+    one drop set per threshold on a geometric grid, plus dropping only what is never worth keeping,
+    and only what reruns for free."""
     stages = Stages(problem)
     tensor_win, op_win = stages.windows
     droppable = {t for t in tensor_win if problem.tensors[t].producer in op_win}
@@ -70,7 +71,8 @@ def chen_candidates(problem: Problem) -> list[frozenset[int]]:
         return [frozenset()]
     total = sum(problem.tensors[t].bytes for t in droppable)
     thresholds = [sizes[0] * 2 ** (i / 2) for i in range(64) if sizes[0] * 2 ** (i / 2) <= 2 * total]
-    out = {frozenset(stages.never_worth_keeping & droppable)}
+    never = stages.never_worth_keeping & droppable
+    out = {frozenset(never), never | free_reruns(problem, droppable)}
     for threshold in thresholds:
         kept, since = set(), 0
         for op in problem.forward_ops:
@@ -81,6 +83,13 @@ def chen_candidates(problem: Problem) -> list[frozenset[int]]:
                     since = 0
         out.add(frozenset(droppable - kept))
     return sorted(out, key=len)
+
+
+def free_reruns(problem: Problem, droppable: set[int]) -> frozenset[int]:
+    """The `droppable` tensors whose op reruns in no time: under Inductor a pointwise op fuses into the
+    kernel that reads its output (graph.fused_reruns), so dropping its output costs nothing but the
+    buffer the rerun makes."""
+    return frozenset(t for t in droppable if problem.ops[problem.tensors[t].producer].pytorch.recompute_time == 0)
 
 
 def lean_options(problem: Problem, *, allow_approximate: bool = False) -> dict[str, str]:
@@ -105,13 +114,31 @@ def lean_options(problem: Problem, *, allow_approximate: bool = False) -> dict[s
     return out
 
 
+def rerun_options(problem: Problem, *, allow_approximate: bool = False) -> dict[str, str]:
+    """Per choice, the option under which its forward ops rerun fastest (ties: the earlier option,
+    PyTorch's own first): where reruns are cheap, dropping their outputs is what saves memory (a
+    batch norm rerun from its saved statistics, free under Inductor)."""
+    by_choice: dict[str, list] = {}
+    for op in problem.forward_ops:
+        if op.choice is not None:
+            by_choice.setdefault(op.choice, []).append(op)
+    out = {}
+    for choice in problem.choices:
+        ops = by_choice.get(choice.name, [])
+        allowed = [j for j, name in enumerate(choice.options) if allow_approximate or name not in choice.approximate]
+        out[choice.name] = choice.options[min(allowed, key=lambda j, ops=ops: (
+            sum(op.impl(j).recompute_time for op in ops if op.impl(j).runs), j))]
+    return out
+
+
 def best_first_need(problem: Problem, budget: int | None,
                     admits: Callable[[Schedule], bool] | None = None) -> tuple[frozenset[int], Replay] | None:
     """The fastest of Chen's candidate drop sets whose first-need schedule fits `budget`, or
     (budget None) the one with the least peak, shaved as low as it goes (on a problem without
     choices); with `admits`, only schedules it admits count. When none fits, the least-peak one
-    is shaved to fit."""
-    best = least = None
+    is shaved to fit; the fastest of those that do not fit is shaved to fit too, and stands where
+    it is faster (where reruns are free, dropping a few more tensors beats Chen's segments)."""
+    best = least = fastest = None
     for dropped in chen_candidates(problem):
         schedule = recompute_at_first_need(problem, dropped)
         if admits is not None and not admits(schedule):
@@ -122,8 +149,14 @@ def best_first_need(problem: Problem, budget: int | None,
             best = (key, dropped, replay)
         if least is None or (replay.peak, replay.time) < (least[1].peak, least[1].time):
             least = (dropped, replay)
+        if budget is not None and replay.peak > budget and (fastest is None or replay.time < fastest[1].time):
+            fastest = (dropped, replay)
     if least is not None and (budget is None or best is None):
         return shave(problem, *least, budget, admits)
+    if fastest is not None and best is not None and fastest[1].time < best[2].time:
+        shaved = shave(problem, *fastest, budget, admits)
+        if shaved is not None and shaved[1].time < best[2].time:
+            return shaved
     return best[1:] if best else None
 
 
@@ -187,5 +220,5 @@ def warm_starts(problem: Problem, budget: int | None, option_sets: list[dict[str
     return best[1] if best else None
 
 
-__all__ = ["Start", "best_first_need", "chen_candidates", "lean_options", "recompute_at_first_need",
-           "segment_cuts", "shave", "warm_starts"]
+__all__ = ["Start", "best_first_need", "chen_candidates", "free_reruns", "lean_options", "recompute_at_first_need",
+           "rerun_options", "segment_cuts", "shave", "warm_starts"]

@@ -13,7 +13,7 @@ from .beside import Beside
 from .compact import Compact
 from .formulation import Formulation
 from .general import General
-from .heuristics import Start, lean_options, warm_starts
+from .heuristics import Start, lean_options, rerun_options, warm_starts
 from .options import SolveSettings, settings_of
 from .polish import SECONDS, neighbourhood_search
 from .problem import Problem
@@ -604,11 +604,16 @@ def _solution(schedule: Schedule, replay: Replay, budget: int, formulation: Form
 
 
 def _option_sets(posed: Problem, settings: SolveSettings) -> list[dict[str, str]]:
-    """How ops run in the heuristic starting points: as fixed (else as PyTorch), and leanest."""
+    """How ops run in the heuristic starting points: as fixed (else as PyTorch), leanest, and rerun
+    fastest (where that differs from the others)."""
     options = settings.options or {}
     sets = [options if posed.choices else {}]
     if posed.choices and settings.implementations:
-        sets.append({**lean_options(posed, allow_approximate=settings.allow_approximate), **options})
+        first = {choice.name: choice.options[0] for choice in posed.choices}
+        for chosen in (lean_options, rerun_options):
+            found = {**chosen(posed, allow_approximate=settings.allow_approximate), **options}
+            if all({**first, **found} != {**first, **other} for other in sets):
+                sets.append(found)
     return sets
 
 

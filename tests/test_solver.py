@@ -111,6 +111,26 @@ def test_first_need_heuristic_matches_its_own_replay():
     assert simulate(p, recompute_at_first_need(p, dropped)).peak == replay.peak <= int(unconstrained(p) * 0.7)
 
 
+def test_the_first_need_heuristic_drops_free_reruns_first():
+    """Where every other op reruns in no time (a pointwise op fused under Inductor), the heuristic start
+    drops those outputs first: at 1200 of the chain's 1900 bytes it reruns nothing that costs time; below
+    that it drops a few more tensors (shaving) rather than take Chen's segments (1100: 33 s, where the
+    fastest candidate drop set that fits takes 37 s)."""
+    p = chain(16)
+    p = dataclasses.replace(p, ops=tuple(
+        dataclasses.replace(op, pytorch=dataclasses.replace(op.pytorch, rerun_time=0.0))
+        if op.phase == "forward" and op.id % 2 else op for op in p.ops))
+    full = simulate(p, keep_all(p))
+    dropped, replay = best_first_need(p, 1200)
+    assert replay.peak <= 1200 and replay.time == full.time
+    assert all(p.ops[p.tensors[t].producer].pytorch.recompute_time == 0 for t in dropped)
+    candidates = [simulate(p, recompute_at_first_need(p, d)) for d in chen_candidates(p)]
+    fastest_fitting = min(r.time for r in candidates if r.peak <= 1100)
+    dropped, replay = best_first_need(p, 1100)
+    assert replay.peak <= 1100 and full.time < replay.time < fastest_fitting
+    assert simulate(p, recompute_at_first_need(p, dropped)) == replay
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), size=st.integers(3, 9), fraction=st.sampled_from([0.9, 0.7, 0.5, 0.35]))
 def test_random_graphs_schedules_are_valid_and_general_is_never_worse(seed, size, fraction):
@@ -307,11 +327,13 @@ def test_general_formulation_keeps_fixed_options():
     assert least_peak(p, formulation="general", options=options, time_limit=20).schedule.options == options
 
 
-@pytest.mark.parametrize("problem, share", [("chain", 0.6), ("chain", 0.7), ("chain", 0.8), ("relu", 0.7),
+@pytest.mark.parametrize("problem, share", [("chain", 0.63), ("chain", 0.73), ("chain", 0.83), ("relu", 0.7),
                                             ("norm", 0.7)])
 def test_the_general_formulation_poses_the_compact_schedule_as_its_start(problem, share):
     # warm_from gives the general ILP the compact solution's binaries, its options included: HiGHS
-    # accepts them, at its cost
+    # accepts them, at its cost. The chain's budgets lie between two of its peaks (tensors of 100 bytes
+    # of 1500): a schedule that fills the budget exactly, as the heuristic start can, is beyond the
+    # memory rows' 1e-5 margin.
     p = {"chain": chain(12), "relu": relu_chain(6), "norm": norm_chain(8)}[problem]
     compact = solve(p, int(unconstrained(p) * share), formulation="compact", time_limit=20)
     assert compact.schedule.options or problem == "chain"

@@ -86,6 +86,13 @@ class BatchNormRerun:
 
     name, options, approximate = "batch_norm_rerun", ("full", "stats"), ()
 
+    @staticmethod
+    def fused_reruns(device: torch.device) -> tuple[str, ...]:
+        """Options whose rerun Inductor fuses into the kernel that reads it: the rerun from saved
+        statistics, where its kernel is the eval-mode batch norm, which Inductor decomposes into
+        elementwise ops (CUDA's batch_norm_elemt it calls as an ATen kernel)."""
+        return () if device.type == "cuda" else ("stats",)
+
     def find(self, gm, analysis):
         return [site for node in gm.graph.nodes if node.op == "call_function" and node.target in TRAINING_FORWARDS
                 for site in [self.match(node, analysis)] if site]
