@@ -169,8 +169,9 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     the best schedule so far, and returns the last, which is never slower; a rung before the last
     whose search finds no better schedule for STALL_SHARE of its share stops and leaves the rest to
     the rungs after it.
-    The solver starts from the fastest of Chen's greedy schedules that fits, with ops run as
-    PyTorch runs them or in their leanest way, or from `start` (a schedule of this problem) where
+    The solver starts from the fastest of Chen's greedy schedules that fits (or the fastest one shaved
+    to fit), with ops run as PyTorch runs them, in their leanest way or in the way they rerun fastest,
+    or from `start` (a schedule of this problem) where
     that fits and is faster; where none fits, from the first schedule that a least-peak search
     finds within the budget (on up to half the time left); when the compact formulation chooses
     implementations it first solves checkpointing alone on a third of the time limit and starts
