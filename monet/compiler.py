@@ -166,7 +166,8 @@ def backend(budget: str | int | float, settings: SolveSettings | None = None, *,
     peaks add up (it counts the regions this backend compiled: use one backend per model).
     `settings` and the keyword `changes` are the solve settings (`time_limit`, `implementations`,
     `options`, ...; see SolveSettings), `cost_model` how op times are known ("measured" here, on the
-    region's real inputs, or "analytic"); reruns of pointwise ops are priced as fused (no time).
+    region's real inputs, or "analytic"); reruns of pointwise ops (and, on CPU, batch norm reruns from
+    saved statistics) are priced as fused (no time).
     Options that Inductor cannot run (dropout replayed from the generator state) are left out of the
     solve. `schedules`, a directory, keeps each region's schedule file, named after the region's graph
     fingerprint; a region whose file is there, solved at the same budget, reuses it without
