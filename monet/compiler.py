@@ -111,7 +111,7 @@ class Backend:
             problem = cost_graph(joint, analysis, Feed(region, inputs), self.cost_model, meta,
                                  implementations=self.settings.implementations or bool(self.settings.options),
                                  progress=lambda stage, done, total: progress(f"{name}: {stage}", done, total, ""))
-        problem = fused_reruns(problem, joint, inductor_fused(joint, analysis) if problem.choices else None)
+        problem = fused_reruns(problem, joint, inductor_fused(joint, analysis))
         if problem.choices:
             problem = problem.without(inductor_excluded(joint, analysis))
         schedule_file = solve_traced(problem, self.budget, name, self.settings,

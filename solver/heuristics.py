@@ -92,43 +92,40 @@ def free_reruns(problem: Problem, droppable: set[int]) -> frozenset[int]:
     return frozenset(t for t in droppable if problem.ops[problem.tensors[t].producer].pytorch.recompute_time == 0)
 
 
-def lean_options(problem: Problem, *, allow_approximate: bool = False) -> dict[str, str]:
-    """Per choice, the option under which its ops hold the least: the bytes its backward ops
-    read plus every workspace (ties: the faster). Masks and packed indices win over the
-    tensors they stand for; the convolution algorithm with the smallest temporaries wins."""
+def _per_choice(problem: Problem, allow_approximate: bool, key: Callable[[list, int], object]) -> dict[str, str]:
+    """Per choice, the option j (approximate ones only if allowed) with the least key(ops of the
+    choice, j); ties: the earlier option, PyTorch's own first."""
     by_choice: dict[str, list] = {}
     for op in problem.ops:
         if op.choice is not None:
             by_choice.setdefault(op.choice, []).append(op)
+    out = {}
+    for choice in problem.choices:
+        ops = by_choice.get(choice.name, [])
+        allowed = [j for j, name in enumerate(choice.options) if allow_approximate or name not in choice.approximate]
+        out[choice.name] = choice.options[min(allowed, key=lambda j, ops=ops: key(ops, j))]
+    return out
+
+
+def lean_options(problem: Problem, *, allow_approximate: bool = False) -> dict[str, str]:
+    """Per choice, the option under which its ops hold the least: the bytes its backward ops
+    read plus every workspace (ties: the faster). Masks and packed indices win over the
+    tensors they stand for; the convolution algorithm with the smallest temporaries wins."""
     def footprint(ops: list, j: int) -> tuple[int, float]:
         impls = [(op, op.impl(j)) for op in ops]
         read = {t for op, impl in impls if impl.runs and op.phase == "backward" for t in impl.inputs}
         return (sum(problem.tensors[t].bytes for t in read) + sum(impl.workspace for _, impl in impls),
                 sum(impl.time for _, impl in impls if impl.runs))
 
-    out = {}
-    for choice in problem.choices:
-        ops = by_choice.get(choice.name, [])
-        allowed = [j for j, name in enumerate(choice.options) if allow_approximate or name not in choice.approximate]
-        out[choice.name] = choice.options[min(allowed, key=lambda j, ops=ops: footprint(ops, j))]
-    return out
+    return _per_choice(problem, allow_approximate, footprint)
 
 
 def rerun_options(problem: Problem, *, allow_approximate: bool = False) -> dict[str, str]:
-    """Per choice, the option under which its forward ops rerun fastest (ties: the earlier option,
-    PyTorch's own first): where reruns are cheap, dropping their outputs is what saves memory (a
-    batch norm rerun from its saved statistics, free under Inductor)."""
-    by_choice: dict[str, list] = {}
-    for op in problem.forward_ops:
-        if op.choice is not None:
-            by_choice.setdefault(op.choice, []).append(op)
-    out = {}
-    for choice in problem.choices:
-        ops = by_choice.get(choice.name, [])
-        allowed = [j for j, name in enumerate(choice.options) if allow_approximate or name not in choice.approximate]
-        out[choice.name] = choice.options[min(allowed, key=lambda j, ops=ops: (
-            sum(op.impl(j).recompute_time for op in ops if op.impl(j).runs), j))]
-    return out
+    """Per choice, the option under which its forward ops rerun fastest: where reruns are cheap,
+    dropping their outputs is what saves memory (a batch norm rerun from its saved statistics,
+    free under Inductor)."""
+    return _per_choice(problem, allow_approximate, lambda ops, j: sum(
+        op.impl(j).recompute_time for op in ops if op.phase == "forward" and op.impl(j).runs))
 
 
 def best_first_need(problem: Problem, budget: int | None,
