@@ -20,6 +20,8 @@ and, per stage:
   `--schedules` (default: what `solves` wrote), each one's peak and step time; the profile is the output
   folder's problem file where `profiles` wrote one, else a fresh one, written there.
 - `compiled`: torch.compile's step of each of `--models` at `--compile-share` of its activation memory.
+- `monet-compiled`: monet's torch.compile backend on each of `--models` at each of `--compiled-budgets`,
+  beside eager.
 - `resnet50-gradients`: ResNet-50 at batch 32, its 50 % schedule's gradient errors against float64.
 - `batch-norm`: training batch norm's native kernels (the traced graph's) against cuDNN's (eager's).
 Stages are not started once `--deadline` seconds have passed; a stage that fails is recorded and the
@@ -204,7 +206,8 @@ def check_model(name: str, model, shape, budgets, out: Path, time_limit: float, 
     record(name, rec)
 
 
-STAGES = ("cnn", "transformer", "profiles", "solves", "runs", "compiled", "resnet50-gradients", "batch-norm")
+STAGES = ("cnn", "transformer", "profiles", "solves", "runs", "compiled", "monet-compiled", "resnet50-gradients",
+          "batch-norm")
 # MONeT's published settings (its paper's batch sizes; UNet at Checkmate's 416x608), which the
 # `profiles`, `runs` and `compiled` stages use
 MONET_SHAPE = {"resnet50": (184, 3, 224, 224), "googlenet": (320, 3, 224, 224), "mobilenet_v2": (272, 3, 224, 224),
@@ -326,6 +329,44 @@ def compiled_run(name: str, share: float, record) -> None:
     record(f"{name}-compiled", rec)
 
 
+def monet_compiled_run(name: str, budgets, time_limit: float, record) -> None:
+    """monet's torch.compile backend (`monet.backend`, measured costs) on a model at MONeT's setting at each
+    of `budgets` (% of the compiled region's unconstrained peak), beside eager in the same process: each
+    one's compile seconds (profiling and solving included), the region's predicted peak and time, the
+    measured peak of a step after the compiling one, and the step time."""
+    from monet.solver import SolveSettings
+
+    from .competitors import monet_compiled
+
+    shape = MONET_SHAPE[name]
+    model, x, weights = _benchmark_model(name, shape)
+    rec = {"shape": list(shape), "eager": measured_peak(model, x, weights, model)}
+    rec["eager"]["seconds"] = median_step_seconds(model, x, weights, steps=3)
+    clear_grads(model)
+    torch.cuda.empty_cache()
+    record(f"{name}-monet-compiled", rec)
+    for budget in budgets:
+        began, run = time.perf_counter(), {}
+        try:
+            module, region = monet_compiled(model, f"{budget}%", lambda m: step(m, x, weights),
+                                            SolveSettings(time_limit=time_limit), "measured")
+        except InfeasibleBudgetError as exc:  # then 2 % over the least peak found
+            run = {"infeasible": True, "least_peak": exc.least_peak}
+            torch._dynamo.reset()
+            module, region = monet_compiled(model, int(exc.least_peak * 1.02), lambda m: step(m, x, weights),
+                                            SolveSettings(time_limit=time_limit), "measured")
+        run |= {"compile_seconds": time.perf_counter() - began, "budget": region.budget,
+               "predicted": region.predicted.peak, "predicted_seconds": region.predicted.time,
+               "status": region.solver.status, **measured_peak(module, x, weights, model)}
+        run["seconds"] = median_step_seconds(module, x, weights)
+        rec[f"{budget}%"] = run
+        del module
+        clear_grads(model)
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+        record(f"{name}-monet-compiled", rec)
+
+
 def gradients_at(name: str, shape, out: Path, time_limit: float, record) -> None:
     """A benchmark model at a batch whose float64 step fits: its 50 % schedule's gradient errors."""
     torch.manual_seed(0)
@@ -395,6 +436,8 @@ def main(argv=None) -> None:
     parser.add_argument("--solve-seconds", type=float, default=90, help="the solves stage's time limit. Default: 90")
     parser.add_argument("--compile-share", type=float, default=0.5,
                         help="torch.compile's activation_memory_budget in the compiled stage. Default: 0.5")
+    parser.add_argument("--compiled-budgets", nargs="+", type=int, default=[33],
+                        help="budgets (%% of the region's unconstrained peak) of the monet-compiled stage. Default: 33")
     parser.add_argument("--deadline", type=float, default=240, help="seconds after which no stage starts")
     parser.add_argument("--time-limit", type=float, default=20, help="solver seconds per schedule")
     args = parser.parse_args(argv)
@@ -426,6 +469,8 @@ def main(argv=None) -> None:
         "runs": lambda: [solves.wait(record), *(model_runs(name, out, args.schedules or out / "schedules", record)
                                                 for name in args.models)],
         "compiled": lambda: [compiled_run(name, args.compile_share, record) for name in args.models],
+        "monet-compiled": lambda: [monet_compiled_run(name, args.compiled_budgets, args.time_limit, record)
+                                   for name in args.models],
         "batch-norm": lambda: batch_norm_kernels(record),
         "resnet50-gradients": lambda: gradients_at("resnet50", (32, 3, 224, 224), out, args.time_limit, record),
     }

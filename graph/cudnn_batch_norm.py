@@ -14,8 +14,9 @@ This pass gives every training batch norm that eager would run with cuDNN (PyTor
 op's signature and outputs, so the graph runs what eager runs. cuDNN's reserve space is not a
 graph tensor: a batch norm whose reserve is not empty (none seen) keeps the native kernels.
 With it, tests/test_cuda.py passed on an H200 (the bundled CNN's gradients with TF32 off had
-failed there before); the step time it saves was not measured yet. Inductor (`compile=True`)
-decomposes cuDNN's batch norm back into its own kernels, as torch.compile does.
+failed there before), and MONAI ResNet-50 b184's keep-all step went from 13.9 % to 0.7 % over eager
+(README, "On a GPU"). Inductor (`compile=True`) decomposes cuDNN's batch norm back into its own
+kernels, as torch.compile does.
 """
 
 from __future__ import annotations
