@@ -12,11 +12,19 @@ from monet.solver import Problem
 from monet.solver.edit import add_choices
 
 from .analyze import GraphAnalysis, UnsupportedGraphError, allocation_bytes, analyze, fingerprint
-from .capture import TracedStep, TraceError, inductor_compile, model_device, sharded_parameters
+from .capture import (
+    TracedStep,
+    TraceError,
+    inductor_compile,
+    inductor_compile_backward,
+    model_device,
+    sharded_parameters,
+)
 from .cost_model import analytic_times, fused_reruns
 from .example import Example, tensor_spec
 from .implementations import RERUN, choice_specs, inductor_excluded, inductor_fused, not_compiled, rewrite, structure
 from .optimizer import measure_update
+from .pieces import RECOMPUTED
 from .profile import Feed, measure_times, measure_workspace
 
 
@@ -70,9 +78,10 @@ def cost_graph(gm: torch.fx.GraphModule, analysis: GraphAnalysis, feed: Feed, co
 
 
 __all__ = [
-    "COST_MODELS", "RERUN", "Example", "Feed", "GraphAnalysis", "InputSpec", "Inputs", "TraceError", "TracedStep",
-    "UnsupportedGraphError",
-    "inductor_compile", "inductor_excluded", "inductor_fused", "not_compiled", "rewrite", "structure",
+    "COST_MODELS", "RECOMPUTED", "RERUN", "Example", "Feed", "GraphAnalysis", "InputSpec", "Inputs", "TraceError",
+    "TracedStep", "UnsupportedGraphError",
+    "inductor_compile", "inductor_compile_backward", "inductor_excluded", "inductor_fused", "not_compiled", "rewrite",
+    "structure",
     "allocation_bytes", "analyze", "analytic_times", "cost_graph", "costed_problem", "fingerprint", "fused_reruns",
     "measure_times", "measure_workspace", "model_device", "sharded_parameters", "tensor_spec",
 ]

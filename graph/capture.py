@@ -42,6 +42,7 @@ from .causal_masks import fold_causal_masks
 from .cudnn_batch_norm import match_eager_batch_norm
 from .dropout_scale import match_eager_dropout
 from .example import Example
+from .pieces import compile_in_pieces
 
 
 class TraceError(MonetError, RuntimeError):
@@ -112,9 +113,9 @@ class TracedStep:
     def compile(self, partition_fn, *, inductor: bool = False):
         """The training step as one callable `f(*params, *buffers, *args, **kwargs)` split by `partition_fn`; its
         forward and backward run op by op as traced, or (`inductor`) compiled by Inductor."""
-        compiler = inductor_compile if inductor else boxed_nop
         return aot_compile_joint_with_descriptors(
-            self._joint, partition_fn=partition_fn, fw_compiler=compiler, bw_compiler=compiler
+            self._joint, partition_fn=partition_fn, fw_compiler=inductor_compile if inductor else boxed_nop,
+            bw_compiler=inductor_compile_backward if inductor else boxed_nop
         )
 
     def close(self) -> None:
@@ -144,6 +145,12 @@ def inductor_compile(graph_module: torch.fx.GraphModule, example_inputs):
         decomposed = make_fx(graph_module, decomposition_table=select_decomp_table(),
                              tracing_mode="fake")(*example_inputs)
         return compile_fx_inner(decomposed, example_inputs)
+
+
+def inductor_compile_backward(graph_module: torch.fx.GraphModule, example_inputs):
+    """A backward that monet partitioned, compiled by Inductor in pieces cut where recomputations begin
+    (graph.pieces), so that Inductor's fusion keeps the schedule's order of frees."""
+    return compile_in_pieces(graph_module, example_inputs, inductor_compile)
 
 
 @contextlib.contextmanager

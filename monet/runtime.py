@@ -29,7 +29,7 @@ from torch._functorch.partitioners import (
 )
 
 from monet.errors import MonetError
-from monet.graph import RERUN, GraphAnalysis, fingerprint, rewrite
+from monet.graph import RECOMPUTED, RERUN, GraphAnalysis, fingerprint, rewrite
 from monet.solver import Problem, Schedule
 
 _PINNED_ROLES = ("param", "buffer", "input", "output")
@@ -143,6 +143,7 @@ def _backward_graph(plan: ExecutionPlan, nodes: dict[str, fx.Node], inputs: list
         node = nodes[name]
         copied = _rerun(graph, node, value) if recompute else graph.node_copy(node, value)
         if recompute:  # later reads take the new copy (its inputs were read above, before this)
+            copied.meta[RECOMPUTED] = True
             for stale in plan.derived[name]:
                 env.pop(stale, None)
         env[name] = copied

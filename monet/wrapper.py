@@ -48,7 +48,8 @@ class MONeTWrapper(nn.Module):
     In eval mode or under torch.no_grad the plain model runs. `graphs` holds the forward and
     backward fx modules that run (to see what is saved, recomputed and how each op runs).
     With `compile`, Inductor compiles that forward and backward (fused kernels, as torch.compile
-    runs); the schedule's saved tensors and reruns stay as solved, but its predicted step time and
+    runs; the backward in pieces cut where recomputations begin, so that fusion keeps the schedule's
+    frees); the schedule's saved tensors and reruns stay as solved, but its predicted step time and
     peak are for the ops unfused (see README, "Compiled by Inductor").
     """
 

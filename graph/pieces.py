@@ -1,0 +1,91 @@
+"""A partitioned backward compiled by Inductor in pieces, so that it frees what the schedule frees.
+
+Inductor inlines a pointwise op into the kernel that reads its output and runs it there: a gradient
+sum and the ReLU backward after it run inside the next batch-norm backward's kernel, after the
+recomputations the schedule placed between them, so both gradient contributions and the ReLU's
+output stay live across those recomputations where the schedule had only their result (ResNet-50 at
+16x3x128x128, 40 %: 830 MiB measured, 724 predicted, the same graphs uncompiled 724). Cut before each
+run of recomputed nodes (marked RECOMPUTED by the partition), each piece is compiled on its own:
+Inductor fuses within a piece, and every value crossing a cut is a buffer made in monet's order.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+
+import torch
+from torch import fx
+
+RECOMPUTED = "monet_recomputed"  # node.meta key: the partition's copy of a forward node, rerun in the backward
+
+
+def compile_in_pieces(gm: fx.GraphModule, example_inputs, compile_piece: Callable) -> Callable:
+    """`gm` compiled by `compile_piece(piece, its example inputs)` piece by piece, cut before each run of
+    RECOMPUTED nodes; one piece (`gm` as it is) where there is no such run or a cut would pass something
+    other than a tensor. The result is a boxed callable (it takes a list and empties it), as Inductor's."""
+    pieces = _pieces(gm)
+    if len(pieces) < 2:
+        return compile_piece(gm, example_inputs)
+    compiled = [(compile_piece(piece, [n.meta["val"] for n in piece.graph.find_nodes(op="placeholder")]), inputs,
+                 outputs) for piece, inputs, outputs in pieces]
+    placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    last_piece = {}
+    for i, (_, inputs, _) in enumerate(compiled):
+        for name in inputs:
+            last_piece[name] = i
+    result = list(gm.graph.find_nodes(op="output"))[0].args[0]
+    kept = {n.name for n in result if isinstance(n, fx.Node)}
+
+    def run(args: list):
+        env = {name: arg for name, arg in zip(placeholders, args) if name in last_piece or name in kept}
+        args.clear()
+        for i, (fn, inputs, outputs) in enumerate(compiled):
+            piece_args = [env[name] for name in inputs]
+            for name in inputs:
+                if last_piece[name] == i and name not in kept:
+                    del env[name]
+            env.update(zip(outputs, fn(piece_args) if getattr(fn, "_boxed_call", False) else fn(*piece_args)))
+        return [env[n.name] if isinstance(n, fx.Node) else n for n in result]
+
+    run._boxed_call = True
+    return run
+
+
+def _pieces(gm: fx.GraphModule) -> list[tuple[fx.GraphModule, list[str], list[str]]]:
+    """(piece, the names of the values it reads from before it, the names of those it makes for later)."""
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    starts, previous = [], None
+    for i, node in enumerate(nodes):
+        marked = _marked(node)
+        if marked and previous is False:
+            starts.append(i)
+        if node.op == "call_function" and node.target is not operator.getitem:
+            previous = marked
+    bounds = list(zip([0, *starts], [*starts, len(nodes)]))
+    where = {node: p for p, (lo, hi) in enumerate(bounds) for node in nodes[lo:hi]}
+    output = list(gm.graph.find_nodes(op="output"))[0]
+    pieces = []
+    for p, (lo, hi) in enumerate(bounds):
+        inputs = list(dict.fromkeys(a for n in nodes[lo:hi] for a in n.all_input_nodes if where.get(a) != p))
+        outputs = [n for n in nodes[lo:hi] if any(where.get(u, len(bounds)) > p or u is output for u in n.users)]
+        if not all(isinstance(n.meta.get("val"), torch.Tensor) for n in (*inputs, *outputs)):
+            return []
+        graph = fx.Graph()
+        env = {}
+        for node in inputs:
+            env[node] = graph.placeholder(node.name)
+            env[node].meta = dict(node.meta)
+        for node in nodes[lo:hi]:
+            env[node] = graph.node_copy(node, env.__getitem__)
+        graph.output(tuple(env[n] for n in outputs))
+        pieces.append((fx.GraphModule(gm, graph), [n.name for n in inputs], [n.name for n in outputs]))
+    return pieces
+
+
+def _marked(node: fx.Node) -> bool:
+    """Whether `node` belongs to a run of recomputed nodes: marked itself, or a getitem of a marked node."""
+    if node.target is operator.getitem and isinstance(node.args[0], fx.Node):
+        return _marked(node.args[0])
+    return bool(node.meta.get(RECOMPUTED))
+
