@@ -224,6 +224,18 @@ def _benchmark_model(name: str, shape):
     return model, x, weights
 
 
+def _with_eager(name: str):
+    """A benchmark model at MONeT's setting (as _benchmark_model) and a record of its eager step's peak and
+    median time (3 steps)."""
+    shape = MONET_SHAPE[name]
+    model, x, weights = _benchmark_model(name, shape)
+    rec = {"shape": list(shape), "eager": measured_peak(model, x, weights, model)}
+    rec["eager"]["seconds"] = median_step_seconds(model, x, weights, steps=3)
+    clear_grads(model)
+    torch.cuda.empty_cache()
+    return model, x, weights, rec
+
+
 def problem_path(name: str, out: Path) -> Path:
     return out / f"{name}-b{MONET_SHAPE[name][0]}.problem.json"
 
@@ -284,11 +296,7 @@ def model_runs(name: str, out: Path, schedules: Path | None, record) -> None:
     from .competitors import checkpoint_blocks
 
     shape = MONET_SHAPE[name]
-    model, x, weights = _benchmark_model(name, shape)
-    rec = {"shape": list(shape), "eager": measured_peak(model, x, weights, model)}
-    rec["eager"]["seconds"] = median_step_seconds(model, x, weights, steps=3)
-    clear_grads(model)
-    torch.cuda.empty_cache()
+    model, x, weights, rec = _with_eager(name)
     record(name, rec)
     path = problem_path(name, out)
     problem = load_problem(path) if path.exists() else model_profile(name, out, record, model)
@@ -338,12 +346,7 @@ def monet_compiled_run(name: str, budgets, time_limit: float, record) -> None:
 
     from .competitors import monet_compiled
 
-    shape = MONET_SHAPE[name]
-    model, x, weights = _benchmark_model(name, shape)
-    rec = {"shape": list(shape), "eager": measured_peak(model, x, weights, model)}
-    rec["eager"]["seconds"] = median_step_seconds(model, x, weights, steps=3)
-    clear_grads(model)
-    torch.cuda.empty_cache()
+    model, x, weights, rec = _with_eager(name)
     record(f"{name}-monet-compiled", rec)
     for budget in budgets:
         began, run = time.perf_counter(), {}
