@@ -348,16 +348,19 @@ def monet_compiled_run(name: str, budgets, time_limit: float, record) -> None:
 
     model, x, weights, rec = _with_eager(name)
     record(f"{name}-monet-compiled", rec)
+
+    def compiled_at(budget):
+        return monet_compiled(model, budget, lambda m: step(m, x, weights), SolveSettings(time_limit=time_limit),
+                              "measured")
+
     for budget in budgets:
         began, run = time.perf_counter(), {}
         try:
-            module, region = monet_compiled(model, f"{budget}%", lambda m: step(m, x, weights),
-                                            SolveSettings(time_limit=time_limit), "measured")
+            module, region = compiled_at(f"{budget}%")
         except InfeasibleBudgetError as exc:  # then 2 % over the least peak found
             run = {"infeasible": True, "least_peak": exc.least_peak}
             torch._dynamo.reset()
-            module, region = monet_compiled(model, int(exc.least_peak * 1.02), lambda m: step(m, x, weights),
-                                            SolveSettings(time_limit=time_limit), "measured")
+            module, region = compiled_at(int(exc.least_peak * 1.02))
         run |= {"compile_seconds": time.perf_counter() - began, "budget": region.budget,
                "predicted": region.predicted.peak, "predicted_seconds": region.predicted.time,
                "status": region.solver.status, **measured_peak(module, x, weights, model)}

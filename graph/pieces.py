@@ -88,4 +88,3 @@ def _marked(node: fx.Node) -> bool:
     if node.target is operator.getitem and isinstance(node.args[0], fx.Node):
         return _marked(node.args[0])
     return bool(node.meta.get(RECOMPUTED))
-

@@ -42,7 +42,6 @@ def test_compiled_cnn_trains_like_eager_and_keeps_the_saving():
     assert abs(half / schedule.predicted.peak - 1) <= 0.09, (half, schedule.predicted.peak)  # 8.3 % here
 
 
-
 def test_the_compiled_backward_frees_as_the_schedule_does(monkeypatch):
     """The bundled CNN at 16x3x64x64, 45 %: compiled with its backward in pieces cut where recomputations
     begin (graph.pieces), the step measures its prediction (+0.01 % here on 2026-11-27); the same
