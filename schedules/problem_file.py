@@ -47,7 +47,7 @@ _IMPL = {
     "properties": {
         "inputs": _IDS, "time": _TIME, "workspace": _INT, "runs": {"type": "boolean"},
         "rerun_time": {"type": ["number", "null"], "minimum": 0}, "keeps": _IDS,
-        "recomputable": {"type": ["boolean", "null"]},
+        "recomputable": {"type": ["boolean", "null"]}, "overwrites": {"type": ["integer", "null"], "minimum": 0},
     },
 }
 _SCHEMA = {
@@ -94,6 +94,7 @@ _SCHEMA = {
                         "workspace": _INT, "recomputable": {"type": "boolean"}, "runs": {"type": "boolean"},
                         "choice": {"type": ["string", "null"]}, "others": {"type": "array", "items": _IMPL},
                         "rerun_time": {"type": ["number", "null"], "minimum": 0}, "keeps": _IDS,
+                        "overwrites": {"type": ["integer", "null"], "minimum": 0},
                     },
                 }},
                 "update": {"type": "object", "required": ["state", "workspace"], "additionalProperties": False,

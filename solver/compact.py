@@ -223,6 +223,7 @@ class Compact(Formulation):
             terms = [(self.drop[t], -tensors[t].bytes) for t in optional]
             terms += [(v, c * size) for o, j, size in by_option for v, c in self._option(o, j)]
             self.memory.add(terms, fixed + saved_bytes)
+        self._saved_unless_in_place(lambda t: ([(self.drop[t], -1.0)], 1.0))
 
     def _objective(self) -> None:
         """Rerun times, and the forward and backward ops' own times where they depend on an option."""

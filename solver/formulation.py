@@ -183,6 +183,29 @@ class Formulation:
             running = [(after, 1.0)]
         for constant, terms in cost(problem.backward_ops[k].id, []):
             self.add_memory([(held_var, 1.0)] + running + terms, fixed + constant)
+        self._in_place_reruns(k, candidates, ran)
+
+    def _in_place_reruns(self, k: int, candidates: list[int], ran: Callable[[int], Terms]) -> None:
+        """An op that reruns at stage k overwriting its input in place leaves no copy of the input for
+        backward op k or later stages: ran(o) + y + (read at k, or needed after) <= 2."""
+        for o, j, t in self.stages.overwrites:
+            if o not in candidates or t not in self.tensor_window:
+                continue
+            when = ran(o) + self._option(o, j)
+            if k in self.stages.read_at.get(t, ()):
+                condition = self.reads_if(t, k)
+                self.milp.add_row(when + condition, len(self._option(o, j)) + (1.0 if condition else 0.0))
+            later = self.needed_after(t, k)
+            if later:
+                self.milp.add_row(when + later, 1.0 + len(self._option(o, j)))
+
+    def _saved_unless_in_place(self, saved: Callable[[int], tuple[Terms, float]]) -> None:
+        """What an op overwrites in the forward is not saved: y + saved <= 1, where `saved(t)` gives
+        (terms, constant) that sum to 1 when t is saved (tensors no backward op may need are never saved)."""
+        for o, j, t in self.stages.overwrites:
+            if t in self.tensor_window:
+                terms, constant = saved(t)
+                self.milp.add_row(self._option(o, j) + terms, len(self._option(o, j)) - constant)
 
     @property
     def fixed_time(self) -> float:
@@ -217,10 +240,11 @@ class Formulation:
 
 def _dominates(ops: list, i: int, j: int) -> bool:
     """Option i of the choice that `ops` share is no worse than option j in anything the simulator
-    counts (same ops run, reading no more, in no more time and workspace), and strictly better
-    somewhere or first of equals."""
+    counts (same ops run, reading no more, overwriting the same, in no more time and workspace), and
+    strictly better somewhere or first of equals."""
     pairs = [(op.impl(i), op.impl(j)) for op in ops]
-    if any(a.runs != b.runs or not set(a.inputs) <= set(b.inputs) or a.time > b.time or a.workspace > b.workspace
+    if any(a.runs != b.runs or a.overwrites != b.overwrites or not set(a.inputs) <= set(b.inputs)
+           or a.time > b.time or a.workspace > b.workspace
            or a.recompute_time > b.recompute_time or not set(a.keeps) <= set(b.keeps)
            or (b.recomputable and not a.recomputable) for a, b in pairs):
         return False

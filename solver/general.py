@@ -121,6 +121,7 @@ class General(Formulation):
             terms = [(self.saved[t], tensors[t].bytes) for t in optional]
             terms += [(v, c * size) for o, j, size in by_option for v, c in self._option(o, j)]
             self.memory.add(terms, fixed)
+        self._saved_unless_in_place(lambda t: ([(self.saved[t], 1.0)], 0.0))
 
     def needed_after(self, t: int, k: int) -> Terms:
         """Held into stage k + 1."""

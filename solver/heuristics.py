@@ -21,6 +21,7 @@ def recompute_at_first_need(problem: Problem, dropped: set[int] | frozenset[int]
     right before the first backward op that needs it, from whatever is kept or rebuilt."""
     tensors = problem.tensors
     dropped = set(dropped) - {t for op in problem.ops for t in op.keeps}  # reruns read them: never dropped
+    dropped |= overwritten(problem)
     rebuilt: set[int] = set()
     seq: list[int] = []
 
@@ -35,12 +36,19 @@ def recompute_at_first_need(problem: Problem, dropped: set[int] | frozenset[int]
             ensure(u)
         rebuilt.add(op.id)
         seq.append(op.id)
+        if op.overwrites is not None:  # its input is gone: a later need rebuilds it again
+            rebuilt.discard(tensors[op.overwrites].producer)
 
     for op in problem.backward_ops:
         for t in op.inputs:
             ensure(t)
         seq.append(op.id)
     return Schedule.from_backward(problem, seq)
+
+
+def overwritten(problem: Problem) -> frozenset[int]:
+    """The tensors an op overwrites (in place), as the problem's ops run: never saved."""
+    return frozenset(op.overwrites for op in problem.ops if op.overwrites is not None)
 
 
 def segment_cuts(problem: Problem) -> list[int]:
@@ -71,7 +79,7 @@ def chen_candidates(problem: Problem) -> list[frozenset[int]]:
         return [frozenset()]
     total = sum(problem.tensors[t].bytes for t in droppable)
     thresholds = [sizes[0] * 2 ** (i / 2) for i in range(64) if sizes[0] * 2 ** (i / 2) <= 2 * total]
-    never = stages.never_worth_keeping & droppable
+    never = (stages.never_worth_keeping & droppable) | overwritten(problem)
     out = {frozenset(never), never | free_reruns(problem, droppable)}
     for threshold in thresholds:
         kept, since = set(), 0
@@ -81,7 +89,7 @@ def chen_candidates(problem: Problem) -> list[frozenset[int]]:
                 if t in cuts and since > threshold:
                     kept.add(t)
                     since = 0
-        out.add(frozenset(droppable - kept))
+        out.add(frozenset(droppable - kept) | overwritten(problem))
     return sorted(out, key=len)
 
 
@@ -217,5 +225,5 @@ def warm_starts(problem: Problem, budget: int | None, option_sets: list[dict[str
     return best[1] if best else None
 
 
-__all__ = ["Start", "best_first_need", "chen_candidates", "free_reruns", "lean_options", "recompute_at_first_need",
-           "rerun_options", "segment_cuts", "shave", "warm_starts"]
+__all__ = ["Start", "best_first_need", "chen_candidates", "free_reruns", "lean_options", "overwritten",
+           "recompute_at_first_need", "rerun_options", "segment_cuts", "shave", "warm_starts"]

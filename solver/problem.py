@@ -59,6 +59,8 @@ class Impl:
     rerun_time: float | None = None  # seconds when the backward reruns it, if not `time`
     keeps: tuple[int, ...] = ()  # tensors a rerun reads besides `inputs`: always saved under this option
     recomputable: bool | None = None  # may the backward rerun it under this option (None: as the op says)
+    overwrites: int | None = None  # an input whose storage the output takes (in place): it dies at every run
+
 
     @property
     def recompute_time(self) -> float:
@@ -118,6 +120,7 @@ class Op:
     runs = property(lambda self: self.pytorch.runs)
     rerun_time = property(lambda self: self.pytorch.rerun_time)
     keeps = property(lambda self: self.pytorch.keeps)
+    overwrites = property(lambda self: self.pytorch.overwrites)
     recomputable = property(lambda self: self.pytorch.recomputable)
 
     def impl(self, option: int = 0) -> Impl:
@@ -143,7 +146,7 @@ class Op:
                 "inputs": first.inputs, "outputs": self.outputs, "time": first.time, "workspace": first.workspace,
                 "recomputable": first.recomputable, "runs": first.runs, "choice": self.choice,
                 "others": tuple(asdict(impl) for impl in self.others), "rerun_time": first.rerun_time,
-                "keeps": first.keeps}
+                "keeps": first.keeps, "overwrites": first.overwrites}
 
     @classmethod
     def from_dict(cls, data: dict) -> Op:
@@ -304,6 +307,8 @@ class Problem:
                     made = produced.get(t, ())
                     if made is not None and (not made or made[0] != op.choice or option not in made[1]):
                         raise ProblemError(f"op {op.name!r} reads {self.tensors[t].name!r} before it exists")
+                if impl.overwrites is not None:
+                    self._check_in_place(op, impl)
             runs = tuple(j for j, impl in enumerate(op.impls) if impl.runs)
             for t in op.outputs:
                 if self.tensors[t].producer != op.id:
@@ -312,6 +317,21 @@ class Problem:
         for t in self.tensors:
             if t.producer is None and t.role not in (*PERSISTENT_ROLES, "tangent"):
                 raise ProblemError(f"tensor {t.name!r} ({t.role}) has no producer")
+
+    def _check_in_place(self, op: Op, impl: Impl) -> None:
+        """A forward op may overwrite an input when it makes one tensor of the input's size and reads
+        the input last in the forward (backward ops may read it later: from a rerun's copy, as the
+        schedule must arrange)."""
+        t = impl.overwrites
+        if op.phase != "forward" or t not in impl.inputs or len(op.outputs) != 1:
+            raise ProblemError(f"op {op.name!r} overwrites {t} but is not a one-output forward op reading it")
+        tensor = self.tensors[t]
+        if tensor.role != "activation" or tensor.bytes != self.tensors[op.outputs[0]].bytes:
+            raise ProblemError(f"op {op.name!r} overwrites {tensor.name!r}, which is not an activation of its "
+                               "output's size")
+        later = [self.ops[r].name for r in self.readers[t] if r > op.id and self.ops[r].phase == "forward"]
+        if later:
+            raise ProblemError(f"op {op.name!r} overwrites {tensor.name!r}, which {', '.join(later)} read later")
 
     def restrict(self, options: dict[str, str]) -> Problem:
         """The same problem (ids, choices, names) in which an op whose choice `options` fixes may
@@ -362,7 +382,8 @@ class Problem:
                    for t in kept_tensors]
         ops = [Op(oid[op.id], op.name, op.target, op.phase, tuple(tid[t] for t in op.outputs),
                   replace(runs[op.id], inputs=tuple(tid[t] for t in runs[op.id].inputs),
-                          keeps=tuple(tid[t] for t in runs[op.id].keeps)))
+                          keeps=tuple(tid[t] for t in runs[op.id].keeps),
+                          overwrites=None if runs[op.id].overwrites is None else tid[runs[op.id].overwrites]))
                for op in kept_ops]
         return replace(self, tensors=tuple(tensors), ops=tuple(ops), choices=())
 

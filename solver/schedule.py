@@ -121,7 +121,8 @@ def _dead_positions(problem: Problem, seq: list[int], options: dict[str, str]) -
 
 
 def validate(problem: Problem, schedule: Schedule, *, allow_approximate: bool = True) -> None:
-    """Raise ScheduleError unless every op's inputs exist when it runs."""
+    """Raise ScheduleError unless every op's inputs exist when it runs (a copy that an op overwrote in
+    place does not: the forward's when the schedule saves it, a rerun's after that rerun)."""
     for choice, option in schedule.options.items():
         if choice not in problem.choice_named or option not in problem.choice_named[choice].options:
             raise ScheduleError(f"schedule picks option {option!r} of unknown choice {choice!r}")
@@ -135,15 +136,29 @@ def validate(problem: Problem, schedule: Schedule, *, allow_approximate: bool = 
     for t in schedule.saved:
         if problem.tensors[t].role not in DROPPABLE_ROLES:
             raise ScheduleError(f"saved tensor {problem.tensors[t].name!r} is not a forward activation")
+    for op in problem.forward_ops:
+        if impls[op.id].runs and impls[op.id].overwrites in schedule.saved:
+            raise ScheduleError(f"op {op.name!r} overwrites {problem.tensors[impls[op.id].overwrites].name!r} in "
+                                "place, which the schedule saves")
     available = {t.id for t in problem.tensors if t.producer is None or t.role == "output"}
     available |= {t for t in schedule.saved if impls[problem.tensors[t].producer].runs}
+    gone: dict[int, str] = {}  # tensor -> the rerun that overwrote its copy in place
     for i in schedule.backward:
         op, impl = problem.ops[i], impls[i]
         if not impl.runs:
             raise ScheduleError(f"op {op.name!r} does not run under the chosen options")
         if op.phase == "forward" and not impl.recomputable:
             raise ScheduleError(f"op {op.name!r} must not be recomputed (random or impure) under the chosen option")
+        overwritten = [f"{problem.tensors[t].name} (overwritten by {gone[t]})"
+                       for t in impl.backward_reads if t in gone]
+        if overwritten:
+            raise ScheduleError(f"op {op.name!r} reads copies an earlier rerun overwrote in place: "
+                                f"{', '.join(overwritten)}")
         missing = [problem.tensors[t].name for t in impl.backward_reads if t not in available]
         if missing:
             raise ScheduleError(f"op {op.name!r} runs before its inputs exist: {', '.join(missing)}")
         available.update(op.outputs)
+        for t in op.outputs:
+            gone.pop(t, None)
+        if op.phase == "forward" and impl.overwrites is not None:
+            gone[impl.overwrites] = f"rerun {op.name!r}"

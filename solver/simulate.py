@@ -53,6 +53,8 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
     def run(label: str, op, copy: dict[int, int]) -> None:
         nonlocal peak, peak_live
         now = base + live.bytes + problem.out_bytes(op) + impls[op.id].workspace
+        if impls[op.id].overwrites is not None:  # in place: the output takes its input's storage
+            now -= tensors[impls[op.id].overwrites].bytes
         if now > peak:
             peak, peak_live = now, live.tensors() | frozenset(op.outputs)
         timeline.append((label, now))

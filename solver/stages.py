@@ -73,12 +73,23 @@ class Stages:
         return out
 
     def op_cost(self, op) -> list[tuple[int | None, int]]:
-        """Bytes an op's run adds (outputs and workspace): [(None, bytes)] when it has no choice,
-        else [(option, bytes)] per option of its choice."""
+        """Bytes an op's run adds (outputs, less an input it overwrites, and workspace): [(None, bytes)]
+        when it has no choice, else [(option, bytes)] per option of its choice."""
         out = self.problem.out_bytes(op)
+
+        def made(impl) -> int:  # in place, the output takes its input's storage
+            overwritten = 0 if impl.overwrites is None else self.problem.tensors[impl.overwrites].bytes
+            return (out - overwritten if impl.runs else 0) + impl.workspace
+
         if op.choice is None:
-            return [(None, out + op.workspace)]
-        return [(j, (out if impl.runs else 0) + impl.workspace) for j, impl in enumerate(op.impls)]
+            return [(None, made(op.pytorch))]
+        return [(j, made(impl)) for j, impl in enumerate(op.impls)]
+
+    @cached_property
+    def overwrites(self) -> list[tuple[int, int, int]]:
+        """(op, option, tensor) for every option under which an op overwrites its input in place."""
+        return [(op.id, j, impl.overwrites) for op in self.problem.forward_ops for j, impl in enumerate(op.impls)
+                if impl.overwrites is not None]
 
     def existence(self, t: int) -> tuple[int, tuple[int, ...]] | None:
         """(producer op, options) when tensor `t` is made under some options only; None when always."""

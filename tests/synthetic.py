@@ -86,10 +86,11 @@ def random_dag(seed: int, n_forward: int = 8) -> Problem:
     return b.problem()
 
 
-def relu_chain(n: int, size: int = 100) -> Problem:
+def relu_chain(n: int, size: int = 100, *, in_place: bool = False) -> Problem:
     """n layers of lin -> relu. Each relu's backward reads its output, or (choice "mask_i") a 1/32-size
     mask made in the forward; each lin runs "fast" (big workspace) or "lean" (slower, none);
-    an approximate option "sketch" of each mask choice is cheaper still."""
+    an approximate option "sketch" of each mask choice is cheaper still. With `in_place`, each relu
+    may also overwrite its input (choice "place_i": "out" or "in", a little faster)."""
     b = _Builder()
     x = b.tensor("x", size, "input")
     w = b.tensor("w", 0, "param")
@@ -100,7 +101,11 @@ def relu_chain(n: int, size: int = 100) -> Problem:
                    choice=f"algo{i}", others=[Impl((acts[-1], w), 1.5, 0)])
         zs.append(b.ops[lin].outputs[0])
         role = "output" if i == n - 1 else "activation"
-        relu = b.op(f"relu{i}", "forward", [zs[-1]], [(f"a{i}", size, role)], 0.2)
+        if in_place:
+            b.choices.append(Choice(f"place{i}", ("out", "in")))
+        relu = b.op(f"relu{i}", "forward", [zs[-1]], [(f"a{i}", size, role)], 0.2,
+                    choice=f"place{i}" if in_place else None,
+                    others=[Impl((zs[-1],), 0.19, overwrites=zs[-1])] if in_place else ())
         acts.append(b.ops[relu].outputs[0])
         b.choices.append(Choice(f"mask{i}", ("output", "mask", "sketch"), approximate=("sketch",)))
         pack = b.op(f"pack{i}", "forward", [acts[-1]], [(f"m{i}", size // 32, "activation")], 0.05,
