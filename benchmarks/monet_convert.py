@@ -17,10 +17,15 @@ converted with MONeT's own accounting as far as monet's Problem expresses it:
     apart), among the algorithms MONeT profiled as available (-1000: unavailable, not an option);
   * an intermediate node (MONeT's "newnode": a ReLU's 1-bit mask, a max-pool's indices) is a
     forward op that runs only under the path of its backward reader that reads it, and is not
-    rerun (it is saved).
-What it cannot express (README, "MONeT's instances"): in-place variants (MONeT's IP), a conv
-algorithm per stage (one per op here, its reruns included), a recompute workspace other than
-the forward one, and rerunning an intermediate node. monet's simulator can replay several
+    rerun (it is saved);
+  * an in-place node (MONeT's IP: a ReLU taking its input's memory) is a choice per node, "in"
+    overwriting its input (Impl.overwrites) in the forward and in every rerun, at MONeT's in-place
+    time; where it is not the last forward reader of its input, or its input is an intermediate,
+    it is not offered.
+What it cannot express (README, "MONeT's instances"): in place in some stages only (MONeT's IP
+per stage; one per op here), in-place intermediate nodes, a conv algorithm per stage (one per op
+here, its reruns included), a recompute workspace other than the forward one, and rerunning an
+intermediate node. monet's simulator can replay several
 recomputations of one tensor; the compact formulation that solves here rebuilds each at most once.
 """
 
@@ -62,6 +67,7 @@ class Converted:
     tensor_of: dict[int, int]  # MONeT node -> tensor id of its output
     conv_choice: dict[int, str]  # MONeT conv node -> choice name (absent: one algorithm)
     path_choice: dict[int, str]  # MONeT backward node -> choice name (absent: one path)
+    place_choice: dict[int, str]  # MONeT in-place node -> choice name ("out" or "in")
 
 
 def _available(node) -> list[int]:
@@ -110,6 +116,8 @@ def convert(inst) -> Converted:
         if len(_available(nodes[i])) > 1:
             conv_choice[i] = f"algo{i}"
             choices.append(Choice(conv_choice[i], tuple(f"a{c}" for c in _available(nodes[i]))))
+    place_choice = {v: f"inplace{v}" for v in _in_place(inst, forward_inputs, ints)}
+    choices += [Choice(name, ("out", "in")) for name in place_choice.values()]
 
     ops: list[Op] = []
     for i in range(N):
@@ -125,7 +133,11 @@ def convert(inst) -> Converted:
             else:
                 impls = [Impl(inputs, _cpu(node.workspace_compute[0]) * UNIT, _ws(node.workspace_mem[0]),
                               rerun_time=_cpu(node.recompute_workspace_compute[0]) * UNIT)]
-            choice = conv_choice.get(i)
+            if i in place_choice:  # MONeT's in-place time replaces the forward's, in the forward and in reruns
+                delta = _cpu(node.inplace_workspace_compute[0]) - _cpu(node.workspace_compute[0])
+                impls.append(replace(impls[0], time=impls[0].time + delta * UNIT,
+                                     rerun_time=impls[0].rerun_time + delta * UNIT, overwrites=inputs[0]))
+            choice = conv_choice.get(i, place_choice.get(i))
             recomputable = True
             if i in int_path:  # runs only under the path that reads it; never rerun
                 b, p = int_path[i]
@@ -153,7 +165,19 @@ def convert(inst) -> Converted:
     meta = {"source": "MONeT instance", "model": inst.model, "batch": inst.batch, "budget_gb": inst.budget_gb,
             "time_unit_s": UNIT}
     problem = Problem(tensors, ops, meta, choices)
-    return Converted(problem, {i: i for i in range(V)}, tensor_of, conv_choice, path_choice)
+    return Converted(problem, {i: i for i in range(V)}, tensor_of, conv_choice, path_choice, place_choice)
+
+
+def _in_place(inst, forward_inputs: dict[int, list[int]], ints: set[int]) -> list[int]:
+    """MONeT's in-place nodes that monet can run in place: a forward node (not an intermediate) of one
+    input whose memory it takes, read by no later forward node."""
+    info, V = inst.info, inst.forward
+    if not info.do_inplace:
+        return []
+    last_reader = {u: v for v in range(V) for u in forward_inputs[v]}
+    return [v for v in sorted(info.inplace_list) if v < V and v not in ints and len(forward_inputs[v]) == 1
+            and last_reader[forward_inputs[v][0]] == v and forward_inputs[v][0] not in ints
+            and _kib(info.nodes[v].mem) == _kib(info.nodes[forward_inputs[v][0]].mem)]
 
 
 def gurobi_objective(inst) -> dict[str, int]:
@@ -193,7 +217,8 @@ def gurobi_schedule(inst, conv: Converted) -> tuple[Schedule, list[str]]:
     saved = stored after the forward stage (S[1]); stage t reruns the forward nodes R[t] marks,
     in order, before backward node V+t-1; each conv runs (reruns included) with the algorithm
     Gurobi picked for it, or where it picked several in different stages, the one of them with the
-    least workspace; each backward node takes its path (M)."""
+    least workspace; each backward node takes its path (M); an in-place node runs in place where
+    every run of it (forward and reruns) was in place (IP), else out of place."""
     info, sol = inst.info, inst.solution
     V, T = inst.forward, inst.stages
     problem = conv.problem
@@ -216,6 +241,13 @@ def gurobi_schedule(inst, conv: Converted) -> tuple[Schedule, list[str]]:
         if len(chosen) > 1:
             notes.append(f"backward node {b} took paths {chosen}; here the first")
         options[name] = f"p{chosen[0]}"
+    IP = np.round(sol.ip) if info.do_inplace else None
+    for v, name in conv.place_choice.items():
+        runs = [t for t in range(T) if R[t, v]]
+        inside = [t for t in runs if IP[t, v]]
+        options[name] = "in" if inside == runs else "out"
+        if inside and inside != runs:
+            notes.append(f"node {v} ran in place in stages {inside} of {runs}; here out of place throughout")
     options = {c: o for c, o in options.items() if problem.choice_named[c].options[0] != o}
     saved = {conv.tensor_of[i] for i in range(V) if S[1, i]}
     backward: list[int] = []

@@ -238,7 +238,7 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
                                                      workers=workers)
     record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit,
               "heuristic_effort": heuristic_effort, "workers": workers, "stall_share": STALL_SHARE,
-              "formulation": ",".join(settings.formulation),
+              "in_place": len(converted.place_choice), "formulation": ",".join(settings.formulation),
               "horizon": ",".join(str(h).lower() for h in settings.horizon)}
     try:
         sol = solve(converted.problem, budget_bytes(inst), settings)
@@ -290,6 +290,8 @@ def table(folder: Path, solves: dict | None = None) -> str:
             effort += f", {rec['workers']} processes"
         if rec.get("stall_share"):
             effort += ", stalled rungs stop"
+        if rec.get("in_place"):
+            effort += f", {rec['in_place']} in-place choices"
         if "objective" not in rec:
             return f"{rec['status']} after {rec['seconds']:.0f} s{effort}"
         versus = f" ({rec['objective'] / reference - 1:+.2%})" if reference else ""
