@@ -1,8 +1,9 @@
 """How ops can run: the families of alternative implementations (graph/families/, one module
 each), applied to the joint graph.
 
-A site is one place a family applies: a ReLU and its backward, a max-pool and its
-backward, a dropout and its backward, a GELU and its backward, one convolution.
+A site is one place a family applies: a ReLU and its backward, a ReLU's forward (in
+place or not), a max-pool and its backward, a dropout and its backward, a GELU and its
+backward, one convolution.
 For each site the family names a choice and its options (the first is PyTorch's
 own), measures what the other options add or change on real tensors, describes
 that to the solver (a ChoiceSpec), and rewrites the joint graph when a schedule
@@ -30,6 +31,7 @@ from .families import (
     GeluCodes,
     Measured,
     PoolOffsets,
+    ReluInPlace,
     ReluMask,
     SiluCodes,
 )
@@ -42,7 +44,7 @@ __all__ = ["RERUN", "choice_specs", "families", "inductor_excluded", "inductor_f
 def families(device: torch.device, *, times_measured: bool = True) -> list:
     """The families that apply on `device`. Convolution algorithms only compete on measured times
     (the analytic cost model cannot tell them apart)."""
-    found = [ReluMask(), DropoutMask(), PoolOffsets(), GeluCodes(), SiluCodes(), BatchNormFromOutput(),
+    found = [ReluMask(), ReluInPlace(), DropoutMask(), PoolOffsets(), GeluCodes(), SiluCodes(), BatchNormFromOutput(),
              BatchNormRerun()]
     return found + [ConvAlgorithm(device)] if times_measured else found
 

@@ -37,7 +37,8 @@ class NewOp:
 @dataclass(frozen=True)
 class Alternative:
     """An existing op, per option: (input tensor names, time, workspace), optionally followed by
-    (rerun time, names of tensors its reruns read besides its inputs, whether it may rerun)."""
+    (rerun time, names of tensors its reruns read besides its inputs, whether it may rerun, the name
+    of an input it overwrites in place)."""
 
     op: str
     impls: tuple[tuple, ...]
@@ -80,7 +81,8 @@ def add_choices(problem: Problem, specs: list[ChoiceSpec]) -> Problem:
             op = replace(op, choice=spec.name, others=tuple(
                 Impl(tuple(tensor_id[n] for n in names), time, workspace, rerun_time=rerun[0] if rerun else None,
                      keeps=tuple(tensor_id[n] for n in (rerun[1] if rerun else ())),
-                     recomputable=rerun[2] if len(rerun) > 2 else None)
+                     recomputable=rerun[2] if len(rerun) > 2 else None,
+                     overwrites=tensor_id[rerun[3]] if len(rerun) > 3 else None)
                 for names, time, workspace, *rerun in others))
         ops.append(replace(op, id=len(ops)))
         for spec, new in new_after.get(op.name, ()):

@@ -350,14 +350,12 @@ class Problem:
     def without(self, excluded: dict[str, Collection[str]]) -> Problem:
         """The same problem (ids, names) in which the choices named in `excluded` no longer offer
         the options it lists for them (options a choice does not have are ignored). PyTorch's own
-        option stays; a choice must keep two options (fix it through the solve settings instead)."""
+        option stays; a choice left with it alone is gone, its ops running as PyTorch's, unless some
+        op of it runs under other options only (fix it through the solve settings then)."""
         kept: dict[str, tuple[int, ...]] = {}
         choices = []
         for c in self.choices:
             keep = tuple(i for i, o in enumerate(c.options) if i == 0 or o not in excluded.get(c.name, ()))
-            if len(keep) < 2:
-                raise ProblemError(f"excluding {sorted(excluded[c.name])} leaves choice {c.name!r} one option; "
-                                   f"fix it to {c.options[0]!r} instead")
             if len(keep) < len(c.options):
                 kept[c.name] = keep
                 options = tuple(c.options[i] for i in keep)
@@ -365,9 +363,19 @@ class Problem:
                          if o in options]
                 c = replace(c, options=options, approximate=tuple(o for o, _ in pairs),
                             errors=tuple(e for _, e in pairs) if c.errors else ())
-            choices.append(c)
-        ops = [replace(op, others=tuple(op.impls[i] for i in kept[op.choice][1:])) if op.choice in kept else op
-               for op in self.ops]
+            if len(keep) > 1:
+                choices.append(c)
+        ops = []
+        for op in self.ops:
+            if op.choice in kept and len(kept[op.choice]) == 1:
+                if not op.runs:
+                    raise ProblemError(f"excluding {sorted(excluded[op.choice])} leaves choice {op.choice!r} one "
+                                       f"option, under which {op.name!r} does not run; fix it to "
+                                       f"{self.choice_named[op.choice].options[0]!r} instead")
+                op = replace(op, choice=None, others=())
+            elif op.choice in kept:
+                op = replace(op, others=tuple(op.impls[i] for i in kept[op.choice][1:]))
+            ops.append(op)
         return replace(self, ops=tuple(ops), choices=tuple(choices))
 
     def resolve(self, options: dict[str, str]) -> Problem:

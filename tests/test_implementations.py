@@ -178,3 +178,28 @@ def test_dropout_reruns_from_its_saved_generator_state_below_checkpointings_leas
     measured = compare_training({"monet": wrapped}, small_batch("distilbert"), lambda out: out.sum(), steps=1)
     assert measured["monet"].peak <= budget + 64  # + the loss scalar
     assert abs(measured["monet"].peak - schedule.predicted.peak) <= 0.01 * schedule.predicted.peak
+
+
+def test_relu_in_place_trains_like_pytorch_within_its_predicted_peak():
+    """Every ReLU that may run in place does (`relu_` over its input in the forward and in reruns):
+    the gradients are PyTorch's and the run's peak is the predicted one; the choice is offered only
+    where no later forward op reads the input."""
+    model, shape, problem = traced("cnn")
+    offered = [c.name for c in problem.choices if c.options == ("out", "in")]
+    relus = [op for op in problem.forward_ops if op.target == "aten.relu.default"]
+    assert offered and len(offered) <= len(relus)
+    forced = forcing(problem, "in")
+    reference = copy.deepcopy(model)
+    schedule = solve_traced(problem, "60%", "ResidualCNN", options=forced, time_limit=30)
+    assert all(schedule.schedule.options[c] == "in" for c in offered)
+    wrapped = MONeTWrapper(model, schedule, shape)
+    assert torch.ops.aten.relu_.default in targets(wrapped.graphs["forward"])
+    assert torch.ops.aten.relu.default not in targets(wrapped.graphs["forward"])
+    errors = gradient_errors(wrapped, model, reference, small_batch("cnn"))
+    assert max(errors.values()) < 1e-6, errors
+    x = small_batch("cnn")
+    model.zero_grad(set_to_none=True)
+    with PeakMemory("cpu", resident_bytes(model, x)) as meter:
+        wrapped(x).sum().backward()
+    assert meter.peak <= schedule.budget
+    assert abs(meter.peak - schedule.predicted.peak) <= 0.03 * meter.peak, (meter.peak, schedule.predicted.peak)

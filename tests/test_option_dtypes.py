@@ -49,6 +49,7 @@ OPTIONS = {
     "mask": ("densenet", kernels.relu_backward_from_mask, (*LOW, "float32")),
     "offsets": ("densenet", kernels.pool_backward_from_offsets, (*LOW, "float32")),
     "stats": ("densenet", kernels.batch_norm_from_stats, (*LOW, "float32")),
+    "in": ("densenet", torch.ops.aten.relu_.default, (*LOW, "float32")),  # ReLU in place, in every rerun
     "bits": ("transformer", kernels.dropout_backward_from_mask, LOW),
     "replay": ("transformer", kernels.dropout_backward_replay, LOW),
 }

@@ -66,7 +66,7 @@ def test_a_problem_written_elsewhere_solves(tmp_path):
 
 def test_excluded_options_are_gone_and_the_rest_unchanged():
     """`without` takes options out of their choices (and their ops' impls); PyTorch's own option
-    stays, a choice is never left with one, and the solver then never picks what was taken out."""
+    stays (a choice left with it alone is gone), and the solver then never picks what was taken out."""
     problem = relu_chain(4)
     lean = problem.without({"mask1": ["mask"], "mask2": ["sketch"], "nowhere": ["x"]})
     assert lean.choice_named["mask1"].options == ("output", "sketch")
@@ -76,8 +76,11 @@ def test_excluded_options_are_gone_and_the_rest_unchanged():
     relu_b = lean.op_named("relu_b2")
     assert relu_b.impls == problem.op_named("relu_b2").impls[:2]
     assert [t.name for t in lean.tensors] == [t.name for t in problem.tensors]
-    with pytest.raises(ProblemError, match="leaves choice 'algo0' one option; fix it to 'fast'"):
-        problem.without({"algo0": ["lean"]})
+    fast = problem.without({"algo0": ["lean"]})  # PyTorch's option alone: the choice is gone
+    assert "algo0" not in fast.choice_named and fast.op_named("lin0").choice is None
+    assert fast.op_named("lin0").impls == problem.op_named("lin0").impls[:1]
+    with pytest.raises(ProblemError, match="leaves choice 'mask1' one option, under which 'pack1' does not run"):
+        problem.without({"mask1": ["mask", "sketch"]})
     budget = simulate(problem, keep_all(problem)).peak * 8 // 10
     wanted = solve(problem, budget, time_limit=10, allow_approximate=True).schedule.options
     assert "sketch" in wanted.values(), wanted  # the solver takes sketches here when it may

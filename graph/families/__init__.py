@@ -7,7 +7,7 @@ from .batch_norm import BatchNormFromOutput, BatchNormRerun
 from .conv import ConvAlgorithm
 from .dropout import DropoutMask
 from .pool import PoolOffsets
-from .relu import ReluMask
+from .relu import ReluInPlace, ReluMask
 
 __all__ = ["RERUN", "BatchNormFromOutput", "BatchNormRerun", "ConvAlgorithm", "DropoutMask", "GeluCodes", "Measured",
-           "PoolOffsets", "ReluMask", "SiluCodes", "Site"]
+           "PoolOffsets", "ReluInPlace", "ReluMask", "SiluCodes", "Site"]

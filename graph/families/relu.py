@@ -1,9 +1,12 @@
-"""ReLU: backward from the output, or from a 1-bit mask."""
+"""ReLU: backward from the output, or from a 1-bit mask; the forward out of place, or in place."""
 
 from __future__ import annotations
 
+from monet.solver.edit import Alternative, ChoiceSpec
+
 from .. import kernels
-from .base import BackwardFromCompact, Site, aten, producer_of, tensor_of
+from ..profile import measure_call
+from .base import BackwardFromCompact, Measured, Site, aten, producer_of, tensor_of
 
 
 class ReluMask(BackwardFromCompact):
@@ -20,3 +23,50 @@ class ReluMask(BackwardFromCompact):
             return None
         return Site(self.name, f"{op.name}:backward", (op.name, node.name),
                     (tensor_of(analysis, grad), tensor_of(analysis, out)))
+
+
+class ReluInPlace:
+    """ReLU's forward into a new tensor (PyTorch's functional graph), or over its input (MONeT's
+    in-place ReLU: `relu_`), where the input is an activation of the output's size that no later
+    forward op reads. In place, the input's storage becomes the output's, so the two are never live
+    together; the input is then not saved, and a backward op that reads it reads a rerun's copy
+    (the solver arranges both: `Impl.overwrites`)."""
+
+    name, options = "relu_in_place", ("out", "in")
+    not_compiled = {"in": "overwrites its input; Inductor reuses buffers itself"}
+
+    def find(self, gm, analysis):
+        return [site for node in gm.graph.nodes if node.op == "call_function" and node.target is aten.relu.default
+                for site in [self.match(node, analysis)] if site]
+
+    def match(self, node, analysis):
+        source, out = tensor_of(analysis, node.args[0]), tensor_of(analysis, node)
+        problem = analysis.problem
+        if source is None or out is None or node.name not in analysis.node_tensors:
+            return None
+        op, t = problem.op_named(node.name), problem.tensor_named(source)
+        later = [r for r in problem.readers[t.id] if r > op.id and problem.ops[r].phase == "forward"]
+        if (t.role != "activation" or later or op.outputs != (problem.tensor_named(out).id,)
+                or t.bytes != problem.tensor_named(out).bytes):
+            return None
+        return Site(self.name, f"{node.name}:place", (node.name,), (source, out))
+
+    def measure(self, site, node, node_args, value, device):
+        x = node_args[0].clone()
+        time, workspace, _ = measure_call(lambda: aten.relu_.default(x), device)
+        return {self.options[1]: Measured(alt=(time, workspace))}
+
+    def shapes(self, site, node, fake_mode):
+        return {self.options[1]: Measured()}
+
+    def spec(self, site, problem, measured):
+        op = problem.op_named(site.nodes[0])
+        inputs = tuple(problem.tensors[t].name for t in op.inputs)
+        time, workspace = measured[self.options[1]].alt
+        alternative = Alternative(op.name, ((inputs, op.time, op.workspace),
+                                            (inputs, time, workspace, None, (), None, site.tensors[0])))
+        return ChoiceSpec(site.choice, self.options, alternatives=(alternative,))
+
+    def rewrite(self, graph, nodes, site, option):
+        nodes[site.nodes[0]].target = aten.relu_.default
+        return []
