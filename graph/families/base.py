@@ -73,6 +73,16 @@ def check_exact(got, reference, what: str) -> None:
             raise NotExact(f"{what} does not reproduce PyTorch's result bit for bit")
 
 
+def one_op_choice(site: Site, problem: Problem, options: tuple[str, ...], other, approximate: tuple[str, ...] = (),
+                  errors: tuple[float, ...] = ()) -> ChoiceSpec:
+    """The choice of a family whose second option runs the site's op (its first node) another way:
+    `other(op)` gives that option's (time, workspace, ...) as `Alternative` takes them after the inputs."""
+    op = problem.op_named(site.nodes[0])
+    inputs = tuple(problem.tensors[t].name for t in op.inputs)
+    alternative = Alternative(op.name, ((inputs, op.time, op.workspace), (inputs, *other(op))))
+    return ChoiceSpec(site.choice, options, approximate, errors, alternatives=(alternative,))
+
+
 def pair(value) -> tuple[int, int]:
     value = tuple(value)
     return value * 2 if len(value) == 1 else value

@@ -13,7 +13,7 @@ from monet.solver.edit import Alternative, ChoiceSpec
 from .. import kernels
 from ..cudnn_batch_norm import TRAINING_BACKWARDS, TRAINING_FORWARDS
 from ..profile import measure_call
-from .base import RERUN, Measured, Site, check_exact, producer_of, relative_error, tensor_of
+from .base import RERUN, Measured, Site, check_exact, one_op_choice, producer_of, relative_error, tensor_of
 
 
 class BatchNormFromOutput:
@@ -122,12 +122,9 @@ class BatchNormRerun:
         return {self.options[1]: Measured()}
 
     def spec(self, site, problem, measured):
-        op = problem.op_named(site.nodes[0])
-        inputs = tuple(problem.tensors[t].name for t in op.inputs)
         time, workspace = measured[self.options[1]].alt
-        alternative = Alternative(op.name, ((inputs, op.time, op.workspace),
-                                            (inputs, op.time, max(op.workspace, workspace), time, site.tensors[2:])))
-        return ChoiceSpec(site.choice, self.options, alternatives=(alternative,))
+        return one_op_choice(site, problem, self.options,
+                             lambda op: (op.time, max(op.workspace, workspace), time, site.tensors[2:]))
 
     def rewrite(self, graph, nodes, site, option):
         """The forward is unchanged; a rerun of this node runs the kernel on the saved statistics."""

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from monet.solver.edit import Alternative, ChoiceSpec
-
 from .. import kernels
 from ..profile import measure_call
-from .base import Measured, Site, aten, relative_error
+from .base import Measured, Site, aten, one_op_choice, relative_error
 
 
 class ConvAlgorithm:
@@ -49,12 +47,9 @@ class ConvAlgorithm:
         return {self.options[1]: Measured()}
 
     def spec(self, site, problem, measured):
-        op = problem.op_named(site.nodes[0])
-        inputs = tuple(problem.tensors[t].name for t in op.inputs)
-        alternative = Alternative(op.name, ((inputs, op.time, op.workspace), (inputs, *measured[self.options[1]].alt)))
         error = measured[self.options[1]].error
-        return ChoiceSpec(site.choice, self.options, self.approximate, () if error is None else (error,),
-                          alternatives=(alternative,))
+        return one_op_choice(site, problem, self.options, lambda op: measured[self.options[1]].alt, self.approximate,
+                             () if error is None else (error,))
 
     def rewrite(self, graph, nodes, site, option):
         node = nodes[site.nodes[0]]

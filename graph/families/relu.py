@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from monet.solver.edit import Alternative, ChoiceSpec
-
 from .. import kernels
 from ..profile import measure_call
-from .base import BackwardFromCompact, Measured, Site, aten, producer_of, tensor_of
+from .base import BackwardFromCompact, Measured, Site, aten, one_op_choice, producer_of, tensor_of
 
 
 class ReluMask(BackwardFromCompact):
@@ -60,12 +58,8 @@ class ReluInPlace:
         return {self.options[1]: Measured()}
 
     def spec(self, site, problem, measured):
-        op = problem.op_named(site.nodes[0])
-        inputs = tuple(problem.tensors[t].name for t in op.inputs)
         time, workspace = measured[self.options[1]].alt
-        alternative = Alternative(op.name, ((inputs, op.time, op.workspace),
-                                            (inputs, time, workspace, None, (), None, site.tensors[0])))
-        return ChoiceSpec(site.choice, self.options, alternatives=(alternative,))
+        return one_op_choice(site, problem, self.options, lambda op: (time, workspace, None, (), None, site.tensors[0]))
 
     def rewrite(self, graph, nodes, site, option):
         nodes[site.nodes[0]].target = aten.relu_.default
