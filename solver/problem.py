@@ -8,7 +8,9 @@ Execution model (shared by the simulator, the solvers and the runtime):
     forward reader unless it is *saved* for the backward pass;
   * the backward phase runs a sequence of ops: every backward op once, in
     order, with forward ops interleaved where the schedule *recomputes* them;
-  * every copy of a tensor is freed right after its last reader.
+  * every copy of a tensor is freed right after its last reader;
+  * an op that runs in place (`Impl.overwrites`) makes its output in its input's storage, so
+    that copy of the input ends there: it must not be saved, nor read again.
 """
 
 from __future__ import annotations
