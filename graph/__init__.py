@@ -22,7 +22,16 @@ from .capture import (
 )
 from .cost_model import analytic_times, fused_reruns
 from .example import Example, tensor_spec
-from .implementations import RERUN, choice_specs, inductor_excluded, inductor_fused, not_compiled, rewrite, structure
+from .implementations import (
+    RERUN,
+    choice_specs,
+    compiled_options,
+    inductor_excluded,
+    inductor_fused,
+    not_compiled,
+    rewrite,
+    structure,
+)
 from .optimizer import measure_update
 from .pieces import RECOMPUTED
 from .profile import Feed, measure_times, measure_workspace
@@ -80,8 +89,8 @@ def cost_graph(gm: torch.fx.GraphModule, analysis: GraphAnalysis, feed: Feed, co
 __all__ = [
     "COST_MODELS", "RECOMPUTED", "RERUN", "Example", "Feed", "GraphAnalysis", "InputSpec", "Inputs", "TraceError",
     "TracedStep", "UnsupportedGraphError",
-    "inductor_compile", "inductor_compile_backward", "inductor_excluded", "inductor_fused", "not_compiled", "rewrite",
-    "structure",
+    "compiled_options", "inductor_compile", "inductor_compile_backward", "inductor_excluded", "inductor_fused",
+    "not_compiled", "rewrite", "structure",
     "allocation_bytes", "analyze", "analytic_times", "cost_graph", "costed_problem", "fingerprint", "fused_reruns",
     "measure_times", "measure_workspace", "model_device", "sharded_parameters", "tensor_spec",
 ]

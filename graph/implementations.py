@@ -37,8 +37,8 @@ from .families import (
 )
 from .profile import Feed, run_graph
 
-__all__ = ["RERUN", "choice_specs", "families", "inductor_excluded", "inductor_fused", "not_compiled", "rewrite",
-           "structure"]
+__all__ = ["RERUN", "choice_specs", "compiled_options", "families", "inductor_excluded", "inductor_fused",
+           "not_compiled", "rewrite", "structure"]
 
 
 def families(device: torch.device, *, times_measured: bool = True) -> list:
@@ -113,12 +113,21 @@ def not_compiled(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str,
             if option in getattr(family, "not_compiled", {})}
 
 
+def compiled_options(gm: fx.GraphModule, analysis: GraphAnalysis, options: dict[str, str]) -> dict[str, str]:
+    """`options` as a compiled step runs them: an option a family runs as PyTorch's under Inductor
+    (`pytorch_when_compiled`: ReLU in place) is left out."""
+    dropped = {site.choice for family, site, option in _chosen(gm, analysis, options)
+               if option in getattr(family, "pytorch_when_compiled", ())}
+    return {choice: option for choice, option in options.items() if choice not in dropped}
+
+
 def inductor_excluded(gm: fx.GraphModule, analysis: GraphAnalysis) -> dict[str, tuple[str, ...]]:
-    """{choice: its options that cannot run under Inductor} for every site of `gm` that has such options:
-    what a solve for a compiled step leaves out."""
+    """{choice: its options that cannot run under Inductor, or run there as PyTorch's} for every site of
+    `gm` that has such options: what a solve for a compiled step leaves out."""
     device = input_values(gm)[0].device
-    return {site.choice: tuple(family.not_compiled) for family in families(device)
-            if getattr(family, "not_compiled", None) for site in family.find(gm, analysis)}
+    return {site.choice: excluded for family in families(device)
+            for excluded in [(*getattr(family, "not_compiled", {}), *getattr(family, "pytorch_when_compiled", ()))]
+            if excluded for site in family.find(gm, analysis)}
 
 
 def inductor_fused(gm: fx.GraphModule, analysis: GraphAnalysis) -> dict[str, tuple[str, ...]]:

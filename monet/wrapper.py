@@ -23,6 +23,7 @@ from monet.graph import (
     TracedStep,
     TraceError,
     analyze,
+    compiled_options,
     model_device,
     not_compiled,
     structure,
@@ -78,6 +79,8 @@ class MONeTWrapper(nn.Module):
             validate(problem, schedule)
             if self._compile:
                 _check_compilable(schedule_file, step.graph_module, analysis)
+                schedule = dataclasses.replace(schedule, options=compiled_options(step.graph_module, analysis,
+                                                                                  schedule.options))
             plan = ExecutionPlan.build(analysis, problem, schedule)
             run = step.compile(make_partition(plan, lambda fw, bw: graphs.update(forward=fw, backward=bw)),
                                inductor=self._compile)

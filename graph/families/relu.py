@@ -31,7 +31,8 @@ class ReluInPlace:
     (the solver arranges both: `Impl.overwrites`)."""
 
     name, options = "relu_in_place", ("out", "in")
-    not_compiled = {"in": "overwrites its input; Inductor reuses buffers itself"}
+    # Under Inductor the ReLU runs as PyTorch's (Inductor reuses a dead input's buffer itself, or fuses the ReLU away)
+    pytorch_when_compiled = ("in",)
 
     def find(self, gm, analysis):
         return [site for node in gm.graph.nodes if node.op == "call_function" and node.target is aten.relu.default
