@@ -147,8 +147,8 @@ class Op:
         return {"id": self.id, "name": self.name, "target": self.target, "phase": self.phase,
                 "inputs": first.inputs, "outputs": self.outputs, "time": first.time, "workspace": first.workspace,
                 "recomputable": first.recomputable, "runs": first.runs, "choice": self.choice,
-                "others": tuple(asdict(impl) for impl in self.others), "rerun_time": first.rerun_time,
-                "keeps": first.keeps, "overwrites": first.overwrites}
+                "others": tuple(_impl_to_dict(impl) for impl in self.others), "rerun_time": first.rerun_time,
+                "keeps": first.keeps, **_in_place(first)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Op:
@@ -161,6 +161,15 @@ class Op:
 
 
 _IMPL_FIELDS = frozenset(f.name for f in fields(Impl))
+
+
+def _in_place(impl: Impl) -> dict:
+    """`overwrites`, written only where set: files (and their digests) of ops that run in place only."""
+    return {} if impl.overwrites is None else {"overwrites": impl.overwrites}
+
+
+def _impl_to_dict(impl: Impl) -> dict:
+    return {key: value for key, value in asdict(impl).items() if key != "overwrites"} | _in_place(impl)
 
 
 def _impl_from_dict(data: dict) -> Impl:
@@ -281,6 +290,7 @@ class Problem:
             if c.options[0] in c.approximate:
                 raise ProblemError(f"choice {c.name!r}: the first option must be exact (PyTorch's own)")
         seen_backward = False
+        in_place: list[tuple[Op, Impl]] = []  # checked once every op's inputs are known to exist
         produced = {t.id: None for t in self.tensors if t.producer is None}  # tensor -> (choice, options) or None
         for i, op in enumerate(self.ops):
             if op.id != i:
@@ -310,7 +320,7 @@ class Problem:
                     if made is not None and (not made or made[0] != op.choice or option not in made[1]):
                         raise ProblemError(f"op {op.name!r} reads {self.tensors[t].name!r} before it exists")
                 if impl.overwrites is not None:
-                    self._check_in_place(op, impl)
+                    in_place.append((op, impl))
             runs = tuple(j for j, impl in enumerate(op.impls) if impl.runs)
             for t in op.outputs:
                 if self.tensors[t].producer != op.id:
@@ -319,6 +329,8 @@ class Problem:
         for t in self.tensors:
             if t.producer is None and t.role not in (*PERSISTENT_ROLES, "tangent"):
                 raise ProblemError(f"tensor {t.name!r} ({t.role}) has no producer")
+        for op, impl in in_place:
+            self._check_in_place(op, impl)
 
     def _check_in_place(self, op: Op, impl: Impl) -> None:
         """A forward op may overwrite an input when it makes one tensor of the input's size and reads
