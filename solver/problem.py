@@ -333,19 +333,23 @@ class Problem:
             self._check_in_place(op, impl)
 
     def _check_in_place(self, op: Op, impl: Impl) -> None:
-        """A forward op may overwrite an input when it makes one tensor of the input's size and reads
-        the input last in the forward (backward ops may read it later: from a rerun's copy, as the
-        schedule must arrange)."""
-        t = impl.overwrites
-        if op.phase != "forward" or t not in impl.inputs or len(op.outputs) != 1:
-            raise ProblemError(f"op {op.name!r} overwrites {t} but is not a one-output forward op reading it")
+        refusal = self.in_place_refusal(op, impl.inputs, impl.overwrites)
+        if refusal:
+            raise ProblemError(refusal)
+
+    def in_place_refusal(self, op: Op, inputs: tuple[int, ...], t: int) -> str | None:
+        """Why `op`, reading `inputs`, may not overwrite tensor `t` (None: it may). A forward op may
+        overwrite an input when it makes one tensor of the input's size and reads the input last in
+        the forward (backward ops may read it later: from a rerun's copy, as the schedule must arrange)."""
+        if op.phase != "forward" or t not in inputs or len(op.outputs) != 1:
+            return f"op {op.name!r} overwrites {t} but is not a one-output forward op reading it"
         tensor = self.tensors[t]
         if tensor.role != "activation" or tensor.bytes != self.tensors[op.outputs[0]].bytes:
-            raise ProblemError(f"op {op.name!r} overwrites {tensor.name!r}, which is not an activation of its "
-                               "output's size")
+            return f"op {op.name!r} overwrites {tensor.name!r}, which is not an activation of its output's size"
         later = [self.ops[r].name for r in self.readers[t] if r > op.id and self.ops[r].phase == "forward"]
         if later:
-            raise ProblemError(f"op {op.name!r} overwrites {tensor.name!r}, which {', '.join(later)} read later")
+            return f"op {op.name!r} overwrites {tensor.name!r}, which {', '.join(later)} read later"
+        return None
 
     def restrict(self, options: dict[str, str]) -> Problem:
         """The same problem (ids, choices, names) in which an op whose choice `options` fixes may

@@ -43,10 +43,8 @@ class ReluInPlace:
         problem = analysis.problem
         if source is None or out is None or node.name not in analysis.node_tensors:
             return None
-        op, t = problem.op_named(node.name), problem.tensor_named(source)
-        later = [r for r in problem.readers[t.id] if r > op.id and problem.ops[r].phase == "forward"]
-        if (t.role != "activation" or later or op.outputs != (problem.tensor_named(out).id,)
-                or t.bytes != problem.tensor_named(out).bytes):
+        op = problem.op_named(node.name)
+        if problem.in_place_refusal(op, op.inputs, problem.tensor_named(source).id):
             return None
         return Site(self.name, f"{node.name}:place", (node.name,), (source, out))
 
