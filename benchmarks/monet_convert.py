@@ -16,17 +16,16 @@ converted with MONeT's own accounting as far as monet's Problem expresses it:
   * a convolution's algorithm is a choice per conv node (forward, and each backward node
     apart), among the algorithms MONeT profiled as available (-1000: unavailable, not an option);
   * an intermediate node (MONeT's "newnode": a ReLU's 1-bit mask, a max-pool's indices) is a
-    forward op that runs only under the path of its backward reader that reads it, and is not
-    rerun (it is saved);
+    forward op that runs, and may rerun, only under the path of its backward reader that reads it;
   * an in-place node (MONeT's IP: a ReLU taking its input's memory) is a choice per node, "in"
     overwriting its input (Impl.overwrites) in the forward and in every rerun, at MONeT's in-place
     time; where it is not the last forward reader of its input, or its input is an intermediate,
     it is not offered.
 What it cannot express (README, "MONeT's instances"): in place in some stages only (MONeT's IP
 per stage; one per op here), in-place intermediate nodes, a conv algorithm per stage (one per op
-here, its reruns included), a recompute workspace other than the forward one, and rerunning an
-intermediate node. monet's simulator can replay several
-recomputations of one tensor; the compact formulation that solves here rebuilds each at most once.
+here, its reruns included), a recompute workspace other than the forward one, and an intermediate
+node made in a rerun only (here the forward makes every one its path reads). monet's simulator can
+replay several recomputations of one tensor; the compact formulation rebuilds each at most once.
 """
 
 from __future__ import annotations
@@ -139,11 +138,11 @@ def convert(inst) -> Converted:
                                      rerun_time=impls[0].rerun_time + delta * UNIT, overwrites=inputs[0]))
             choice = conv_choice.get(i, place_choice.get(i))
             recomputable = True
-            if i in int_path:  # runs only under the path that reads it; never rerun
+            if i in int_path:  # runs, and reruns, only under the path that reads it
                 b, p = int_path[i]
-                choice, recomputable = path_choice[b], False
-                impls = [impls[0] if q == p else Impl(inputs, 0.0, 0, runs=False)
-                         for q in range(len(nodes[b].args))]
+                choice, recomputable = path_choice[b], p == 0
+                impls = [replace(impls[0], recomputable=True) if q == p
+                         else Impl(inputs, 0.0, 0, runs=False, recomputable=False) for q in range(len(nodes[b].args))]
             elif i in ints:
                 recomputable = False
             phase = "forward"
@@ -254,7 +253,8 @@ def gurobi_schedule(inst, conv: Converted) -> tuple[Schedule, list[str]]:
     for t in range(1, T):
         for i in range(V):
             if R[t, i]:
-                if problem.ops[i].recomputable:
+                op = problem.ops[i]
+                if op.impl(problem.option_index(op, options)).recomputable:
                     backward.append(i)
                 else:
                     notes.append(f"intermediate node {i} rerun in stage {t}: saved from the forward here")

@@ -8,13 +8,16 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from synthetic import chain, norm_chain, random_dag, relu_chain
+from synthetic import _Builder, chain, norm_chain, random_dag, relu_chain
 
 from monet.schedules import Decisions
 from monet.solver import (
+    Choice,
+    Impl,
     InfeasibleBudgetError,
     Schedule,
     ScheduleError,
+    SolveSettings,
     keep_all,
     least_peak,
     simulate,
@@ -207,6 +210,45 @@ def test_options_change_what_runs_and_what_is_read():
     with_masks, without = simulate(p, masked), simulate(p, plain)
     assert with_masks.forward_time == pytest.approx(without.forward_time + 2 * 0.05)
     assert Decisions.of(p, masked).on(p) == masked  # through the schedule file's names
+
+
+def indices_rerun():
+    """x -> conv1 -> z -> conv2 -> w -> pool -> y, and idx (100 B) from z under path "idx" only, where
+    relu_b reads it (0.1 s) instead of z (5 s). Saving idx through y_b's peak costs 100 B; rerunning
+    it from z (which conv2_b reads anyway) costs 0.1 s: at a budget 50 B under that peak, the least
+    time reruns idx, which runs, and reruns, under path "idx" only."""
+    b = _Builder()
+    x = b.tensor("x", 10, "input")
+    (z,) = b.ops[b.op("conv1", "forward", [x], [("z", 400, "activation")], 1.0)].outputs
+    b.choices.append(Choice("path", ("z", "idx")))
+    (idx,) = b.ops[b.op("idx", "forward", [z], [("idx", 100, "activation")], 0.0, runs=False, recomputable=False,
+                        choice="path", others=[Impl((z,), 0.1, recomputable=True)])].outputs
+    (w,) = b.ops[b.op("conv2", "forward", [z], [("w", 400, "activation")], 3.0)].outputs
+    b.op("pool", "forward", [w], [("y", 10, "output")], 0.5)
+    dy = b.tensor("dy", 10, "tangent")
+    (gw,) = b.ops[b.op("y_b", "backward", [dy, w], [("gw", 400, "temp")], 1.0)].outputs
+    (gz,) = b.ops[b.op("conv2_b", "backward", [gw, z], [("gz", 400, "temp")], 1.0)].outputs
+    (gx2,) = b.ops[b.op("relu_b", "backward", [gz, z], [("gx2", 400, "temp")], 5.0, choice="path",
+                        others=[Impl((gz, idx), 0.1)])].outputs
+    b.op("conv1_b", "backward", [gx2, x], [("gx", 10, "grad")], 1.0)
+    return b.problem()
+
+
+@pytest.mark.parametrize("formulation", ["compact", "general"])
+def test_an_op_made_under_one_option_reruns_under_it(formulation):
+    p = indices_rerun()
+    ids = {op.name: op.id for op in p.ops}
+    saving = keep_all(p, {"path": "idx"})
+    rerun = Schedule(saving.saved - {p.tensor_named("idx").id}, (ids["y_b"], ids["conv2_b"], ids["idx"],
+                     ids["relu_b"], ids["conv1_b"]), {"path": "idx"})
+    saved_peak, rerun_replay = simulate(p, saving).peak, simulate(p, rerun)
+    assert rerun_replay.peak == saved_peak - 100
+    with pytest.raises(ScheduleError, match="'idx' does not run under the chosen options"):
+        validate(p, dataclasses.replace(rerun, options={}))
+    sol = solve(p, saved_peak - 50, SolveSettings(formulation=formulation, time_limit=20))
+    assert sol.status == "optimal" and sol.schedule.options == {"path": "idx"}
+    assert ids["idx"] in sol.schedule.backward and sol.replay.time == pytest.approx(rerun_replay.time)
+    assert sol.replay.peak <= saved_peak - 50
 
 
 @pytest.mark.parametrize("problem, share, options_pay", [("relu", 0.6, True), ("relu", 0.8, False),
