@@ -67,6 +67,7 @@ class Converted:
     conv_choice: dict[int, str]  # MONeT conv node -> choice name (absent: one algorithm)
     path_choice: dict[int, str]  # MONeT backward node -> choice name (absent: one path)
     place_choice: dict[int, str]  # MONeT in-place node -> choice name ("out" or "in")
+    rerun_intermediates: tuple[int, ...]  # MONeT intermediate nodes that may rerun (under their path)
 
 
 def _available(node) -> list[int]:
@@ -164,7 +165,8 @@ def convert(inst) -> Converted:
     meta = {"source": "MONeT instance", "model": inst.model, "batch": inst.batch, "budget_gb": inst.budget_gb,
             "time_unit_s": UNIT}
     problem = Problem(tensors, ops, meta, choices)
-    return Converted(problem, {i: i for i in range(V)}, tensor_of, conv_choice, path_choice, place_choice)
+    return Converted(problem, {i: i for i in range(V)}, tensor_of, conv_choice, path_choice, place_choice,
+                     tuple(sorted(int_path)))
 
 
 def _in_place(inst, forward_inputs: dict[int, list[int]], ints: set[int]) -> list[int]:

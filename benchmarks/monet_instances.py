@@ -238,7 +238,8 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
                                                      workers=workers)
     record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit,
               "heuristic_effort": heuristic_effort, "workers": workers, "stall_share": STALL_SHARE,
-              "in_place": len(converted.place_choice), "formulation": ",".join(settings.formulation),
+              "in_place": len(converted.place_choice), "intermediate_reruns": len(converted.rerun_intermediates),
+              "formulation": ",".join(settings.formulation),
               "horizon": ",".join(str(h).lower() for h in settings.horizon)}
     try:
         sol = solve(converted.problem, budget_bytes(inst), settings)
@@ -292,6 +293,8 @@ def table(folder: Path, solves: dict | None = None) -> str:
             effort += ", stalled rungs stop"
         if rec.get("in_place"):
             effort += f", {rec['in_place']} in-place choices"
+        if rec.get("intermediate_reruns"):
+            effort += f", {rec['intermediate_reruns']} intermediates may rerun"
         if "objective" not in rec:
             return f"{rec['status']} after {rec['seconds']:.0f} s{effort}"
         versus = f" ({rec['objective'] / reference - 1:+.2%})" if reference else ""
@@ -348,8 +351,10 @@ def main(argv: list[str] | None = None) -> None:
             "better schedule), "
             "HiGHS's heuristic effort and, where a cell says \"2 processes\", a neighbourhood search beside the "
             "search in a second process (one solve at a time then). Where a cell names \"in-place choices\", the "
-            "conversion offered MONeT's in-place ReLUs as choices; a cell without them solved the conversion before "
-            "it did (every schedule of that one is a schedule of this one). \"Gurobi's schedule "
+            "conversion offered MONeT's in-place ReLUs as choices, and where it says \"intermediates may rerun\", "
+            "MONeT's intermediate nodes (masks, pool indices) could rerun under their path; a cell without them "
+            "solved a conversion before it did (every schedule of that one is a schedule of this one). "
+            "\"Gurobi's schedule "
             "replayed\" is Gurobi's own solution converted to a monet schedule and replayed in monet's "
             "simulator: its step time against Gurobi's objective, and its peak over the budget. monet's bound "
             "is for its own formulation, not MONeT's (README, \"MONeT's instances\").\n\n"
