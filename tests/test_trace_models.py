@@ -94,7 +94,8 @@ def test_bert_with_attention_mask_and_loss_trains_as_predicted():
 
 def test_llama_with_labels_and_its_cache_constants_trains_as_predicted():
     torch.manual_seed(0)
-    _, wrapped, recomputed = trains_as_predicted(LlamaLM(), SHAPE, token_ids())
+    # 80 %: a heuristic schedule fits from 72 % up, so the 3 s search never comes back empty on a busy machine
+    _, wrapped, recomputed = trains_as_predicted(LlamaLM(), SHAPE, token_ids(), budget="80%")
     assert recomputed
     # use_cache is on by default: each layer concatenates onto the DynamicCache's empty start, a
     # tensor the forward made, which the graph reads as a constant (and the backward again where
