@@ -17,6 +17,9 @@ converted with MONeT's own accounting as far as monet's Problem expresses it:
     apart), among the algorithms MONeT profiled as available (-1000: unavailable, not an option);
   * an intermediate node (MONeT's "newnode": a ReLU's 1-bit mask, a max-pool's indices) is a
     forward op that runs, and may rerun, only under the path of its backward reader that reads it;
+    it reads its parent's output (a mask is output > 0), and a pool's indices the pool's input
+    too (the kernel that finds them reads it): MONeT reruns one only beside its parent, and a rerun
+    here needs what that pair would read;
   * an in-place node (MONeT's IP: a ReLU taking its input's memory) is a choice per node, "in"
     overwriting its input (Impl.overwrites) in the forward and in every rerun, at MONeT's in-place
     time; where it is not the last forward reader of its input, or its input is an intermediate,
@@ -126,6 +129,8 @@ def convert(inst) -> Converted:
         name = f"n{i}:{node.op}"
         if i < V:
             inputs = tuple(tensor_of[u] for u in forward_inputs[i])
+            if i in ints and "max_pool" in nodes[forward_inputs[i][0]].op:  # indices need the pool's input too
+                inputs += tuple(tensor_of[u] for u in forward_inputs[forward_inputs[i][0]])
             if i in conv_choice or i in convs:
                 algos = _available(node)
                 impls = [Impl(inputs, _cpu(node.workspace_compute[c]) * UNIT, _ws(node.workspace_mem[c]))

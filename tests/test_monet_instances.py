@@ -86,6 +86,11 @@ def test_gurobis_own_schedule_converts_and_replays_within_budget_and_its_objecti
     late = [i for i in range(instance.forward) if nodes[i].kind == "IntNode" and i in runs and not r[0, i]]
     added = sum(_cpu(nodes[i].workspace_compute[0]) for i in late)
     assert replay.time / UNIT == pytest.approx(expected - missed + added, abs=1e-6 * expected)
+    pools = [i for i in range(instance.forward) if nodes[i].kind == "IntNode" and "Pool" in nodes[i].op]
+    for i in pools:  # indices rerun from the pool's input, as the kernel that finds them does
+        (parent,) = nodes[i].inbound_nodes
+        pool_input = converted.problem.ops[parent].inputs
+        assert converted.problem.ops[i].inputs == (converted.tensor_of[parent], *pool_input)
     reruns = [i for i in schedule.backward if i < instance.forward]
     assert sorted(i for i in reruns if nodes[i].kind == "IntNode") == sorted(
         i for i in range(instance.forward) for _ in range(int(r[1:, i].sum())) if nodes[i].kind == "IntNode")
