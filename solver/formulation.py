@@ -24,11 +24,11 @@ class Formulation:
         self.stages = Stages(problem, horizon)
         # Where each droppable tensor can be needed, and where each op can rerun: stage ranges.
         self.tensor_window, self.window = self.stages.windows
-        for o in self.window:  # a rerun is one op whatever its option: it runs, reading the same inputs
-            rerunning = [impl for impl in problem.ops[o].impls if impl.recomputable]
-            if any(impl.inputs != rerunning[0].inputs or not impl.runs for impl in rerunning):
-                raise ValueError(f"op {problem.ops[o].name!r} reruns, so all options it reruns under must run "
-                                 "and read the same")
+        for o in self.window:  # a rerun is one op whatever its option: same inputs, and it runs
+            impls = problem.ops[o].impls
+            if any(impl.inputs != impls[0].inputs or (impl.recomputable and not impl.runs) for impl in impls):
+                raise ValueError(f"op {problem.ops[o].name!r} reruns, so all its options must read the same, and "
+                                 "each it reruns under must run")
         self.milp = Milp()
         self.memory = MemoryLimit(self.milp, budget, max((t.bytes for t in problem.tensors), default=1))
         # Every row that sums bytes states them in memory units (a power of two bytes, so the
