@@ -12,7 +12,7 @@ REPO = Path(__file__).parents[1]
 sys.path.insert(0, str(REPO))  # benchmarks/ is not a package
 from benchmarks.competitors import FAMILIES  # noqa: E402
 from benchmarks.models import MODELS  # noqa: E402
-from benchmarks.run import input_shape  # noqa: E402
+from benchmarks.run import input_shape, main  # noqa: E402
 
 # Checkmate's MILP may find no schedule within the time limit (it is slow to find a first one);
 # its row must say so. Every other competitor must run on this model.
@@ -82,10 +82,11 @@ def test_batch_replaces_the_batch_size_alone():
     assert input_shape(MODELS["cnn"], True, None) == MODELS["cnn"].quick_shape
 
 
-def test_bad_arguments_are_refused():
+def test_bad_arguments_are_refused(capsys):
     for args, message in ((["nope"], "unknown models"), (["cnn", "--budgets", "lots"], "budget"),
                           (["cnn", "--competitors", "magic"], "unknown competitors"),
                           (["cnn", "--batch", "0"], "--batch must be at least 1")):
-        done = subprocess.run([sys.executable, "-m", "benchmarks.run", *args], cwd=REPO, capture_output=True,
-                              text=True, timeout=120)
-        assert done.returncode == 2 and message in done.stderr, done.stderr
+        with pytest.raises(SystemExit) as exit_:
+            main(args)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and message in err, err

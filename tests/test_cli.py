@@ -48,7 +48,7 @@ def test_ablation_compares_with_checkpointing_alone(tmp_path, capsys):
 
 
 def test_pareto_sweeps_every_strategy_and_writes_table_and_plot(tmp_path, capsys):
-    code, out, _ = run(capsys, "pareto", "factories:small_mlp", "--input-shape", "1024,32", "--budgets", "50%:90%:20%",
+    code, out, _ = run(capsys, "pareto", "factories:small_mlp", "--input-shape", "1024,32", "--budgets", "50%:70%:20%",
                        "--cost-model", "analytic", "--time-limit", "10", "-o", str(tmp_path))
     assert code == 0, out
     with open(tmp_path / "pareto.csv") as f:
@@ -58,7 +58,7 @@ def test_pareto_sweeps_every_strategy_and_writes_table_and_plot(tmp_path, capsys
         by_strategy.setdefault(row["strategy"], []).append(row)
     assert set(by_strategy) == set(STRATEGIES)
     assert [int(r["budget"]) for r in by_strategy["monet"]] == [int(r["budget"]) for r in by_strategy["checkmate"]]
-    assert len(by_strategy["monet"]) == 3 and len(by_strategy["keep-all"]) == 1
+    assert len(by_strategy["monet"]) == 2 and len(by_strategy["keep-all"]) == 1
     for row in by_strategy["monet"] + by_strategy["monet-checkpointing"]:
         assert row["status"] in ("optimal", "time_limit") and int(row["peak"]) <= int(row["budget"])
     monet = {r["budget"]: float(r["time"]) for r in by_strategy["monet"]}
