@@ -629,7 +629,7 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
     unconstrained = simulate(problem, keep_all(problem)) if unconstrained is None else unconstrained
     kind, posed, fixed = _pose(problem, settings)
     alone = None
-    if alone and kind == "compact" and len(fixed) < len(problem.choices):
+    if kind == "compact" and len(fixed) < len(problem.choices):
         # Checkpointing alone first, on a third of the time, as solve does: the joint search starts from
         # its least peak and keeps it if it finds none lower, so choosing implementations never ends higher.
         try:

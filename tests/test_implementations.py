@@ -164,7 +164,9 @@ def test_batch_norm_from_output_floors_a_zero_weight():
 
 def test_dropout_reruns_from_its_saved_generator_state_below_checkpointings_least_peak():
     model, shape, problem = traced("distilbert")
-    joint, alone = least_peak(problem, time_limit=20), least_peak(problem, implementations=False, time_limit=20)
+    # Checkpointing alone's least peak is proven in about 9 s here; the joint search spends a third of its
+    # time on it first, then from it found 2,173,866 against 2,253,867 bytes in 30 s (23 bytes less in 20 s).
+    joint, alone = least_peak(problem, time_limit=30), least_peak(problem, implementations=False, time_limit=12)
     assert joint.found < alone.found  # dropout outputs (attention probabilities) need not be kept
     budget = (joint.found + alone.found) // 2
     with pytest.raises(InfeasibleBudgetError):

@@ -410,6 +410,18 @@ def test_only_a_ladders_first_rung_solves_checkpointing_alone():
     assert any(stage.startswith("compact, reruns at any distance: solving") for stage in stages)
 
 
+def test_the_least_peak_choosing_how_ops_run_starts_from_checkpointing_alones():
+    """least_peak with implementations first seeks checkpointing alone's least peak (a third of the
+    time) and keeps it if the joint search finds none lower, so choosing how ops run never raises the
+    least peak found (a joint search alone, cut short, has: DistilBERT 2,321,428 against 2,253,867 bytes)."""
+    p = relu_chain(8)
+    stages = []
+    joint = least_peak(p, time_limit=30, progress=lambda stage, *_: stages.append(stage))
+    assert any(stage.startswith("checkpointing alone: least peak") for stage in stages), sorted(set(stages))
+    alone = least_peak(p, implementations=False, time_limit=10)
+    assert alone.found == alone.bound and joint.found <= alone.found
+
+
 def test_a_general_solve_is_never_slower_than_its_start():
     p = norm_chain(30)
     budget = int(unconstrained(p) * 0.6)
