@@ -9,9 +9,9 @@ import monet
 from monet import MONeTWrapper, PeakMemory, ScheduleMismatchError, resident_bytes
 
 
-def _compiled_peak(model, schedule, shape, x, wrapped=None):
-    """The measured peak of a step of `model` compiled with `schedule` (by `wrapped` where given)."""
-    wrapped = wrapped or MONeTWrapper(model, schedule, shape, compile=True)
+def _compiled_peak(wrapped, x):
+    """The measured peak of a step of `wrapped` (a compiled MONeTWrapper) on `x`."""
+    model = wrapped.model
     wrapped(x).sum().backward()  # the first step compiles
     model.zero_grad(set_to_none=True)
     with PeakMemory("cpu", resident_bytes(model, x)) as meter:
@@ -38,8 +38,8 @@ def test_compiled_cnn_trains_like_eager_and_keeps_the_saving():
 
     x = small_batch("cnn")
     keep_all = monet.solve(copy.deepcopy(reference), shape, "100%", cost_model="analytic", time_limit=30, gap=0.02)
-    half = _compiled_peak(model, schedule, shape, x, wrapped)
-    full = _compiled_peak(copy.deepcopy(reference), keep_all, shape, x)
+    half = _compiled_peak(wrapped, x)
+    full = _compiled_peak(MONeTWrapper(copy.deepcopy(reference), keep_all, shape, compile=True), x)
     assert half <= 0.56 * full, (half, full)
     assert abs(half / schedule.predicted.peak - 1) <= 0.09, (half, schedule.predicted.peak)  # 8.3 % here
 
@@ -60,10 +60,10 @@ def test_the_compiled_backward_frees_as_the_schedule_does(monkeypatch):
     x = torch.randn(shape)
     schedule = monet.solve(copy.deepcopy(model), shape, "45%", cost_model="analytic", time_limit=30, gap=0.02)
     assert schedule.predicted.time > schedule.predicted.unconstrained_time, "the schedule should recompute"
-    pieces = _compiled_peak(copy.deepcopy(model), schedule, shape, x)
+    pieces = _compiled_peak(MONeTWrapper(copy.deepcopy(model), schedule, shape, compile=True), x)
     assert abs(pieces / schedule.predicted.peak - 1) <= 0.03, (pieces, schedule.predicted.peak)
     monkeypatch.setattr(monet.graph.capture, "inductor_compile_backward", monet.graph.capture.inductor_compile)
-    whole = _compiled_peak(copy.deepcopy(model), schedule, shape, x)
+    whole = _compiled_peak(MONeTWrapper(copy.deepcopy(model), schedule, shape, compile=True), x)
     assert whole > 1.02 * schedule.predicted.peak, (whole, schedule.predicted.peak)
 
 def test_dropout_replay_is_refused_and_bits_compile_with_eagers_masks():
