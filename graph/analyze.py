@@ -188,7 +188,32 @@ def analyze(gm: torch.fx.GraphModule, num_fwd_outputs: int | None = None) -> Gra
         for i, r in enumerate(order)
     )
     fp = fingerprint(gm)
-    return GraphAnalysis(Problem(tensor_objs, ops, {"fingerprint": fp}), node_tensors, fp)
+    meta = {"fingerprint": fp, **_links(graph, outputs, descs, node_tensors, tensors)}
+    return GraphAnalysis(Problem(tensor_objs, ops, meta), node_tensors, fp)
+
+
+def _links(graph: torch.fx.Graph, outputs: list, descs: list, node_tensors: dict, tensors: list[dict]) -> dict:
+    """Which tensor is the gradient of each plain input ("gradients": input -> gradient) and which
+    output each tangent is the gradient of ("tangents": output -> tangent), by tensor name: what
+    joins one block's problem to the next one's (solver/stack.py)."""
+    def name(node) -> str | None:
+        refs = node_tensors.get(node.name, ()) if isinstance(node, torch.fx.Node) else ()
+        return tensors[refs[0]]["name"] if len(refs) == 1 else None
+
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    gradients, tangents = {}, {}
+    for node, desc in zip(outputs, descs):
+        if isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, d.PlainAOTInput):
+            source = next((p for p in placeholders if p.meta.get("desc") == desc.grad_of), None)
+            if source is not None and name(source) and name(node):
+                gradients[name(source)] = name(node)
+    for p in placeholders:
+        desc = p.meta.get("desc")
+        if isinstance(desc, d.TangentAOTInput) and isinstance(desc.output, d.PlainAOTOutput) and name(p):
+            output = name(outputs[desc.output.idx]) if desc.output.idx < len(outputs) else None
+            if output:
+                tangents[output] = name(p)
+    return {"gradients": gradients, "tangents": tangents}
 
 
 def _bytes(val: torch.Tensor) -> int:

@@ -15,6 +15,7 @@ _EXPORTS = {
     "ScheduleMismatchError": "monet.runtime",
     "solve": "monet.api",
     "wrap_blocks": "monet.blocks",
+    "solve_blocks": "monet.blocks",
     "profile": "monet.api",
     "solve_problem_file": "monet.api",
     "PeakMemory": "monet.memory",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -19,9 +20,13 @@ from torch.utils._pytree import tree_map_only
 
 from monet.graph import Example, model_device, sharded_parameters
 from monet.schedules import ScheduleFile, load_schedule
-from monet.solver import SolveSettings
+from monet.solver import Replay, SolveSettings, keep_all, simulate
+from monet.solver import solve as solve_problem
+from monet.solver.options import settings_of
+from monet.solver.stack import join, split, stack
 
-from .api import solve
+from .api import solve, trace_problem
+from .budget import parse_budget
 from .wrapper import MONeTWrapper
 
 
@@ -54,6 +59,62 @@ def block_inputs(model: nn.Module, blocks: Sequence[nn.Module], inputs) -> list[
     return [seen[i] for i in range(len(blocks))]
 
 
+@dataclass(frozen=True)
+class BlockSchedules:
+    """A schedule per block, solved together for the blocks' step (`solve_blocks`), and that step's
+    prediction: `replay` is the step as the blocks run their schedules, `unconstrained` the step with
+    every block keeping everything (peaks in bytes over parameters and gradients held whole)."""
+
+    schedules: tuple[ScheduleFile, ...]
+    budget: int
+    replay: Replay
+    unconstrained: Replay
+
+    @property
+    def peak(self) -> int:
+        return self.replay.peak
+
+
+def solve_blocks(model: nn.Module, blocks: nn.ModuleList | nn.Sequential, inputs, budget: str | int | float,
+                 settings: SolveSettings | None = None, *, cost_model: str = "measured", autocast: str | None = None,
+                 progress=None, **changes) -> BlockSchedules:
+    """One schedule per block of `blocks`, solved together so that the blocks' step (every forward in
+    order, every backward in reverse) peaks within `budget`: bytes, a size string, or a share of that
+    step's unconstrained peak ('50%'). Each block's problem is traced as `monet.solve` traces it,
+    the problems are stacked into one (monet.solver.stack: each block's output is the next one's
+    input, and is kept), and one ILP chooses what every block keeps, reruns and how its ops run.
+    Pass `.schedules` to `wrap_blocks`; `.peak` is the step's predicted peak. It counts the blocks
+    alone (not what the model runs around them) with every block's parameters and gradients whole
+    for the whole step: under FSDP2 those are sharded and gathered per block instead."""
+    settings = settings_of(settings, **changes)
+    _check_blocks(model, blocks)
+    problems = [trace_problem(block, example, cost_model=cost_model, autocast=autocast, progress=progress,
+                              implementations=settings.implementations or bool(settings.options))
+                for block, example in zip(blocks, block_inputs(model, list(blocks), inputs))]
+    stacked = stack(problems)
+    unconstrained = simulate(stacked.problem, keep_all(stacked.problem))
+    solution = solve_problem(stacked.problem, parse_budget(budget, unconstrained.peak), settings,
+                             progress=progress, unconstrained=unconstrained)
+    own = split(stacked, solution.schedule)
+    record = solution.record(implementations=settings.implementations,
+                             approximate_allowed=settings.allow_approximate)
+    files = tuple(ScheduleFile.of(problem, schedule, type(block).__name__, budget=solution.budget, solver=record)
+                  for problem, schedule, block in zip(problems, own, blocks))
+    return BlockSchedules(files, solution.budget, simulate(stacked.problem, join(stacked, own)), unconstrained)
+
+
+def _check_blocks(model: nn.Module, blocks) -> None:
+    if not isinstance(blocks, (nn.ModuleList, nn.Sequential)):
+        raise TypeError(f"blocks is a {type(blocks).__name__}; give the ModuleList or Sequential of the model's "
+                        "blocks, whose items the wrappers replace")
+    if any(isinstance(block, MONeTWrapper) for block in blocks):
+        raise ValueError("these blocks are already wrapped by monet")
+    if sharded_parameters(model):
+        raise ValueError("the model's parameters are already sharded (DTensors: fully_shard has run): call "
+                         "monet.wrap_blocks (or solve_blocks) on the unsharded model, then fully_shard each wrapper "
+                         "and the root")
+
+
 def wrap_blocks(model: nn.Module, blocks: nn.ModuleList | nn.Sequential, inputs,
                 budget: str | int | float | None = None, settings: SolveSettings | None = None, *,
                 schedules: Sequence[ScheduleFile | str | os.PathLike] | None = None,
@@ -69,17 +130,10 @@ def wrap_blocks(model: nn.Module, blocks: nn.ModuleList | nn.Sequential, inputs,
     its output; what the blocks keep for the backward adds up across them, which no single schedule
     sees, so the whole step's peak is not predicted. Under FSDP2, shard the wrappers and then the
     root: `for b in blocks: fully_shard(b)`, `fully_shard(model)` (README, "Several processes")."""
-    if not isinstance(blocks, (nn.ModuleList, nn.Sequential)):
-        raise TypeError(f"blocks is a {type(blocks).__name__}; give the ModuleList or Sequential of the model's "
-                        "blocks, whose items the wrappers replace")
+    _check_blocks(model, blocks)
     if (budget is None) == (schedules is None):
         raise ValueError("give a budget (to solve each block) or schedules (one per block, as wrap_blocks returned "
                          "them), not both")
-    if any(isinstance(block, MONeTWrapper) for block in blocks):
-        raise ValueError("these blocks are already wrapped by monet")
-    if sharded_parameters(model):
-        raise ValueError("the model's parameters are already sharded (DTensors: fully_shard has run): call "
-                         "monet.wrap_blocks on the unsharded model, then fully_shard each wrapper and the root")
     examples = block_inputs(model, list(blocks), inputs)
     if schedules is not None:
         if len(schedules) != len(blocks):

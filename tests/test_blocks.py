@@ -7,8 +7,12 @@ import torch
 from conftest import rel_err
 
 import monet
+from monet import PeakMemory, resident_bytes
+from monet.api import trace_problem
 from monet.blocks import block_inputs
 from monet.models import Transformer
+from monet.solver import ProblemError
+from monet.solver.stack import stack
 from monet.wrapper import MONeTWrapper
 
 CONFIG = {"dim": 64, "depth": 3, "heads": 4, "dropout": 0.1}
@@ -59,3 +63,49 @@ def test_wrap_blocks_says_what_is_wrong():
     with pytest.raises(ValueError, match=r"blocks \[0\] were not called"):
         monet.wrap_blocks(model, torch.nn.ModuleList([torch.nn.Linear(64, 64)]), x, "80%")
     assert not any(isinstance(b, MONeTWrapper) for b in model.blocks), "nothing replaced after an error"
+
+
+def test_blocks_solved_together_peak_as_predicted_and_train_as_eager():
+    """solve_blocks: one problem for the blocks' step at half its unconstrained peak. The blocks'
+    step (every forward, then every backward) measured here within 3 % of the prediction (2.6 %
+    over it when written), and gradients equal eager's, dropout included."""
+    torch.manual_seed(0)
+    model = Transformer(**CONFIG)
+    reference = copy.deepcopy(model)
+    x = torch.randn(*TOKENS)
+    plan = monet.solve_blocks(model, model.blocks, x, "50%", cost_model="analytic", time_limit=10)
+    assert plan.peak <= plan.budget <= 0.5 * plan.unconstrained.peak + 1
+    assert len(plan.schedules) == CONFIG["depth"] and all(f.budget == plan.budget for f in plan.schedules)
+    monet.wrap_blocks(model, model.blocks, x, schedules=plan.schedules)
+    peaks = {}
+    for m in (model, reference):
+        for _ in range(2):  # the same step twice, the second measured
+            m.zero_grad(set_to_none=True)
+            torch.manual_seed(3)
+            with PeakMemory("cpu", resident_bytes(m.blocks, x)) as meter:
+                out = m.blocks(x)
+                out.pow(2).mean().backward()
+        peaks[m] = meter.peak
+    assert abs(peaks[model] - plan.peak) <= 0.03 * peaks[model], (peaks[model], plan.peak)
+    assert peaks[model] <= 0.5 * peaks[reference], peaks
+    grads = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            assert rel_err(p.grad, grads[name.replace(".model.", ".")].grad) <= 1e-6, name
+
+
+def test_stacking_blocks_that_do_not_pass_one_tensor_on_says_why():
+    torch.manual_seed(0)
+    wide, narrow = Transformer(dim=64, depth=1, heads=4), Transformer(dim=32, depth=1, heads=4)
+    problems = [trace_problem(m.blocks[0], torch.randn(2, 8, m.norm.normalized_shape[0], requires_grad=True),
+                              cost_model="analytic", implementations=False) for m in (wide, narrow)]
+    with pytest.raises(ProblemError, match=r"block 0 returns \(2, 8, 64\) float32, but block 1 takes \(2, 8, 32\)"):
+        stack(problems)
+    constant = trace_problem(wide.blocks[0], torch.randn(2, 8, 64), cost_model="analytic", implementations=False)
+    with pytest.raises(ProblemError, match="block 1 takes 0 inputs that need a gradient"):
+        stack([problems[0], constant])
+    with pytest.raises(ProblemError, match="no blocks"):
+        stack([])
+    stacked = stack(problems[:1] * 2)
+    roles = [t.role for t in stacked.problem.tensors]
+    assert roles.count("input") == 1, "the second block's input is the first one's output"
