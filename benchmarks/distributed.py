@@ -9,8 +9,9 @@ the median time of the steps after it; the table shows the largest over the rank
 DDP, eager, transformers' per-layer checkpointing, and MONeTWrapper with a schedule solved here for
 one rank's shard at `--budget` (for the whole step, SGD's included; where that is below the least
 peak, 2 % above the least); under FSDP2 (`fully_shard` on every block and the root), eager,
-checkpointing, and monet block by block (monet.wrap_blocks: each block's schedule solved here at
-`--block-budget` of that block's peak, the same fallback). Writes
+checkpointing, and monet block by block (monet.solve_blocks with `shards`: the blocks' schedules
+solved together here for one rank's step of the blocks under FSDP2 at `--budget`, the same fallback;
+monet.wrap_blocks runs them). Writes
 distributed-<size>-cpu.{json,csv,md,png} to `-o`.
 """
 
@@ -169,15 +170,16 @@ def bench(args: argparse.Namespace) -> list[dict]:
                 row["note"] += f"{schedule.solver.status}, solved in {time.perf_counter() - began:.0f} s"
             if method == "monet" and parallel == "fsdp2":
                 began, model = time.perf_counter(), gpt2(args.layers)
-                blocks = model.transformer.h
-                wrap = functools.partial(monet.wrap_blocks, model, blocks, shard(0, args.batch, args.length),
-                                         cost_model=args.cost_model, time_limit=args.time_limit / len(blocks))
-                schedules = _solved(wrap, args.block_budget, row)
-                schedule_file = [f"{folder}/gpt2-block{i}.json" for i in range(len(schedules))]
-                for schedule, path in zip(schedules, schedule_file):
+                solve = functools.partial(monet.solve_blocks, model, model.transformer.h,
+                                          shard(0, args.batch, args.length), shards=args.ranks,
+                                          cost_model=args.cost_model, time_limit=args.time_limit)
+                plan = _solved(solve, args.budget, row)
+                schedule_file = [f"{folder}/gpt2-block{i}.json" for i in range(len(plan.schedules))]
+                for schedule, path in zip(plan.schedules, schedule_file):
                     schedule.save(path)
-                row["note"] += (f"per block, not predicted for the step; {schedules[0].solver.status}, solved in "
-                                f"{time.perf_counter() - began:.0f} s")
+                row["predicted_peak"] = plan.peak
+                row["note"] += (f"budget and prediction for the blocks' step alone; {plan.schedules[0].solver.status}, "
+                                f"solved in {time.perf_counter() - began:.0f} s")
             found = run_ranks(args.ranks, {"parallel": parallel, "method": method, "batch": args.batch,
                                            "length": args.length, "steps": args.steps, "layers": args.layers},
                                schedule_file, args.timeout)
@@ -220,8 +222,9 @@ def markdown(header: dict, rows: list[dict]) -> str:
              f"Peak: a steady step's, the largest over the ranks (each rank's local parameters, batch and what the "
              f"step allocates); step: the median of {header['steps']} steps, the slowest rank's. vs eager: against "
              f"eager under the same parallelism. monet solved for one rank's shard and the whole step under DDP, "
-             f"and block by block under FSDP2 (monet.wrap_blocks, each block at {header['block_budget']} of its "
-             f"own peak) ({header['cost_model']} cost model, {header['time_limit']:g} s in all).")
+             f"and for the blocks' step on one rank under FSDP2 (monet.solve_blocks with shards, then "
+             f"monet.wrap_blocks; its budget and prediction leave out the embeddings, head and loss around the "
+             f"blocks) ({header['cost_model']} cost model, {header['time_limit']:g} s each).")
     return markdown_table(f"Several processes: {header['tag']}",
                           ("parallelism", "method", "budget", "predicted peak", "measured peak", "peak vs eager",
                            "step", "step vs eager", "note"), cells, intro=intro,
@@ -234,9 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=8, help="GPT-2's blocks. Default: %(default)s")
     parser.add_argument("--batch", type=int, default=4, help="sequences per rank. Default: %(default)s")
     parser.add_argument("--length", type=int, default=256, help="tokens per sequence. Default: %(default)s")
-    parser.add_argument("--budget", default="50%", help="monet's budget per rank. Default: %(default)s")
-    parser.add_argument("--block-budget", default="75%",
-                        help="monet's budget per block under FSDP2, of that block's peak. Default: %(default)s")
+    parser.add_argument("--budget", default="50%", help="monet's budget per rank (under FSDP2: for the blocks' step). "
+                        "Default: %(default)s")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per rank. Default: %(default)s")
     parser.add_argument("--time-limit", type=float, default=60, help="seconds for monet's solve. Default: %(default)s")
     parser.add_argument("--cost-model", choices=("measured", "analytic"), default="analytic",
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = bench(args)
     header = {"tag": tag, "layers": args.layers, "ranks": args.ranks, "batch": args.batch, "length": args.length,
               "machine": machine("cpu"), "steps": args.steps, "cost_model": args.cost_model,
-              "time_limit": args.time_limit, "budget": args.budget, "block_budget": args.block_budget}
+              "time_limit": args.time_limit, "budget": args.budget}
     png = peak_step_plot({f"{r['parallel']} {r['method']}": r for r in rows if r["peak"]}, peak="peak per rank (MiB)",
                          title=f"GPT-2, {args.ranks} ranks x {args.batch}x{args.length}, cpu (gloo)", figsize=(11, 4))
     for path in write_report(args.output, f"distributed-{tag}", rows, markdown(header, rows), png, header=header):

@@ -1,11 +1,13 @@
 """monet block by block: a schedule for each block of a model, each block wrapped in MONeTWrapper in place.
 
-This is how monet composes with FSDP2. `fully_shard` gathers a block's parameters in hooks around the
-block's call (and again before its backward) and frees them after; monet's whole-model step runs ATen
-ops without calling the blocks, so it cannot run inside a sharded model. A MONeTWrapper around each
-block can: `fully_shard(wrapper)` gathers the block's parameters around the wrapper's call and its
-backward, and the wrapper reads them from the block at each call, so each block's schedule runs on
-whole parameters, and each block's problem counts them, while the other blocks' stay sharded.
+`solve_blocks` solves the blocks' schedules together, as one step (on one process, or one rank under
+FSDP2), and `wrap_blocks` wraps each block in place. This is how monet composes with FSDP2.
+`fully_shard` gathers a block's parameters in hooks around the block's call (and again before its
+backward) and frees them after; monet's whole-model step runs ATen ops without calling the blocks,
+so it cannot run inside a sharded model. A MONeTWrapper around each block can: `fully_shard(wrapper)`
+gathers the block's parameters around the wrapper's call and its backward, and the wrapper reads them
+from the block at each call, so each block's schedule runs on whole parameters while the other
+blocks' stay sharded.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from torch.utils._pytree import tree_map_only
 
 from monet.graph import Example, model_device, sharded_parameters
 from monet.schedules import ScheduleFile, load_schedule
-from monet.solver import Replay, SolveSettings, keep_all, simulate
-from monet.solver import solve as solve_problem
+from monet.solver import Replay, SolveSettings
 from monet.solver.options import settings_of
-from monet.solver.stack import join, split, stack
+from monet.solver.stack import stack
+from monet.solver.step import solve_step, step_unconstrained
 
 from .api import solve, trace_problem
 from .budget import parse_budget
@@ -63,12 +65,13 @@ def block_inputs(model: nn.Module, blocks: Sequence[nn.Module], inputs) -> list[
 class BlockSchedules:
     """A schedule per block, solved together for the blocks' step (`solve_blocks`), and that step's
     prediction: `replay` is the step as the blocks run their schedules, `unconstrained` the step with
-    every block keeping everything (peaks in bytes over parameters and gradients held whole)."""
+    every block keeping everything, on one process or on one rank under FSDP2 (`shards` ranks)."""
 
     schedules: tuple[ScheduleFile, ...]
     budget: int
     replay: Replay
     unconstrained: Replay
+    shards: int = 1
 
     @property
     def peak(self) -> int:
@@ -76,31 +79,34 @@ class BlockSchedules:
 
 
 def solve_blocks(model: nn.Module, blocks: nn.ModuleList | nn.Sequential, inputs, budget: str | int | float,
-                 settings: SolveSettings | None = None, *, cost_model: str = "measured", autocast: str | None = None,
-                 progress=None, **changes) -> BlockSchedules:
+                 settings: SolveSettings | None = None, *, shards: int = 1, cost_model: str = "measured",
+                 autocast: str | None = None, progress=None, **changes) -> BlockSchedules:
     """One schedule per block of `blocks`, solved together so that the blocks' step (every forward in
     order, every backward in reverse) peaks within `budget`: bytes, a size string, or a share of that
-    step's unconstrained peak ('50%'). Each block's problem is traced as `monet.solve` traces it,
-    the problems are stacked into one (monet.solver.stack: each block's output is the next one's
-    input, and is kept), and one ILP chooses what every block keeps, reruns and how its ops run.
-    Pass `.schedules` to `wrap_blocks`; `.peak` is the step's predicted peak. It counts the blocks
-    alone (not what the model runs around them) with every block's parameters and gradients whole
-    for the whole step: under FSDP2 those are sharded and gathered per block instead."""
+    step's unconstrained peak ('50%'). Each block's problem is traced as `monet.solve` traces it
+    (`settings` and `changes` as it takes them), the problems are stacked into one
+    (monet.solver.stack: each block's output is the next one's input, and is kept), and one ILP
+    chooses what every block keeps, reruns and how its ops run. Pass `.schedules` to `wrap_blocks`;
+    `.peak` is the step's predicted peak, for the blocks alone (not what the model runs around them).
+    With `shards` > 1 the step is one rank's under FSDP2 over that many ranks (`fully_shard` on each
+    wrapper and the root, FSDP2's defaults): parameters sharded, gathered around each block's
+    forward and backward, gradients reduce-scattered (monet.solver.stack.sharded says which buffers
+    it counts); otherwise every parameter and gradient is held whole for the whole step."""
     settings = settings_of(settings, **changes)
     _check_blocks(model, blocks)
+    if not isinstance(shards, int) or shards < 1:
+        raise ValueError(f"shards {shards!r} must be the number of ranks FSDP2 shards over (1: no sharding)")
     problems = [trace_problem(block, example, cost_model=cost_model, autocast=autocast, progress=progress,
                               implementations=settings.implementations or bool(settings.options))
                 for block, example in zip(blocks, block_inputs(model, list(blocks), inputs))]
     stacked = stack(problems)
-    unconstrained = simulate(stacked.problem, keep_all(stacked.problem))
-    solution = solve_problem(stacked.problem, parse_budget(budget, unconstrained.peak), settings,
-                             progress=progress, unconstrained=unconstrained)
-    own = split(stacked, solution.schedule)
-    record = solution.record(implementations=settings.implementations,
-                             approximate_allowed=settings.allow_approximate)
-    files = tuple(ScheduleFile.of(problem, schedule, type(block).__name__, budget=solution.budget, solver=record)
-                  for problem, schedule, block in zip(problems, own, blocks))
-    return BlockSchedules(files, solution.budget, simulate(stacked.problem, join(stacked, own)), unconstrained)
+    step = solve_step(stacked, parse_budget(budget, step_unconstrained(stacked, shards).peak), settings,
+                      world=shards, progress=progress)
+    record = step.solution.record(implementations=settings.implementations,
+                                  approximate_allowed=settings.allow_approximate)
+    files = tuple(ScheduleFile.of(problem, schedule, type(block).__name__, budget=step.solution.budget, solver=record)
+                  for problem, schedule, block in zip(problems, step.schedules, blocks))
+    return BlockSchedules(files, step.solution.budget, step.replay, step.unconstrained, shards)
 
 
 def _check_blocks(model: nn.Module, blocks) -> None:
@@ -122,7 +128,8 @@ def wrap_blocks(model: nn.Module, blocks: nn.ModuleList | nn.Sequential, inputs,
     """Replace each block of `blocks` (a ModuleList or Sequential that `model` calls) by a MONeTWrapper
     running a schedule for what the block is called with when `model` runs on `inputs`; returns the
     schedules, in block order, to save and pass back as `schedules` (no solve then; every rank of a
-    sharded run should run the same schedules).
+    sharded run should run the same schedules). `solve_blocks(...).schedules`, solved together for
+    the blocks' step, are the schedules to pass.
 
     Without `schedules`, each block is solved on its own (monet.solve with `settings` and
     `solve_options`) within `budget`: bytes, a size string, or a share of that block's unconstrained

@@ -76,7 +76,7 @@ def stack(blocks: Sequence[Problem]) -> Stacked:
             tensor_ids[k][t.id] = len(tensors)
             tensors.append(replace(t, id=len(tensors), name=f"{k}{SEPARATOR}{t.name}"))
         if k:
-            out, tangent = _returned(blocks[k - 1], k - 1)
+            out = _returned(blocks[k - 1], k - 1)[0]
             tensor_ids[k][block.tensor_named(into).id] = tensor_ids[k - 1][blocks[k - 1].tensor_named(out).id]
 
     # Block k's input gradient is block k-1's tangent: one temp, made by block k's backward.
@@ -143,4 +143,3 @@ def join(stacked: Stacked, schedules: Sequence[Schedule]) -> Schedule:
     backward = [stacked.op_ids[k][i] for k in reversed(range(len(schedules))) for i in schedules[k].backward]
     options = {f"{k}{SEPARATOR}{c}": o for k, s in enumerate(schedules) for c, o in s.options.items()}
     return Schedule.from_backward(stacked.problem, backward, options)
-

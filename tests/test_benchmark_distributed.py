@@ -21,8 +21,8 @@ def test_ddp_and_fsdp2_ranks_run_and_monet_under_ddp_measures_its_prediction(tmp
         (p, m) for p in ("ddp", "fsdp2") for m in ("eager", "checkpointing", "monet")]
     for row in rows:
         assert row["peak"] > 0 and row["step"] > 0
-        if (row["parallel"], row["method"]) == ("fsdp2", "monet"):  # block by block: no prediction for the step
-            assert row["predicted_peak"] is None and "per block" in row["note"]
+        if (row["parallel"], row["method"]) == ("fsdp2", "monet"):  # predicted: the blocks' step within the step
+            assert 0 < row["predicted_peak"] <= row["peak"] and "blocks' step alone" in row["note"], row
         elif row["method"] == "monet":  # every rank measured within 3 % of the prediction for its shard
             assert abs(row["peak"] - row["predicted_peak"]) <= 0.03 * row["peak"], row
     assert "| ddp | monet |" in stem.with_suffix(".md").read_text()

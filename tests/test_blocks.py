@@ -11,7 +11,7 @@ from monet import PeakMemory, resident_bytes
 from monet.api import trace_problem
 from monet.blocks import block_inputs
 from monet.models import Transformer
-from monet.solver import ProblemError
+from monet.solver import InfeasibleBudgetError, ProblemError
 from monet.solver.stack import stack
 from monet.wrapper import MONeTWrapper
 
@@ -92,6 +92,16 @@ def test_blocks_solved_together_peak_as_predicted_and_train_as_eager():
     for name, p in model.named_parameters():
         if p.grad is not None:
             assert rel_err(p.grad, grads[name.replace(".model.", ".")].grad) <= 1e-6, name
+
+
+def test_solve_blocks_says_what_is_wrong():
+    model = Transformer(**CONFIG)
+    x = torch.randn(*TOKENS)
+    with pytest.raises(ValueError, match="shards 0 must be the number of ranks"):
+        monet.solve_blocks(model, model.blocks, x, "50%", shards=0)
+    with pytest.raises(InfeasibleBudgetError, match="cannot be met: the least peak found is .*raise the budget"):
+        monet.solve_blocks(model, model.blocks, x, "5%", shards=2, cost_model="analytic", time_limit=5)
+    assert not any(isinstance(b, MONeTWrapper) for b in model.blocks)
 
 
 def test_stacking_blocks_that_do_not_pass_one_tensor_on_says_why():
