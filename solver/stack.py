@@ -45,11 +45,11 @@ def _passed(block: Problem, k: int) -> tuple[str, str]:
 
 def _returned(block: Problem, k: int) -> tuple[str, str]:
     """The names of the (output, its tangent) that block `k` passes to the block after it."""
-    outputs = [t.name for t in block.tensors if t.role == "output"]
+    outputs = [t.name for t in block.tensors if t.role == "output" and t.producer is not None]
     tangent = block.meta.get("tangents", {}).get(outputs[0]) if len(outputs) == 1 else None
     if tangent is None:
-        raise ProblemError(f"block {k} returns {len(outputs)} outputs (or none with a gradient); stacking blocks needs "
-                           "exactly one, the next block's input")
+        raise ProblemError(f"block {k} returns {len(outputs)} outputs that it makes (or none with a gradient); "
+                           "stacking blocks needs exactly one, the next block's input")
     return outputs[0], tangent
 
 
