@@ -121,7 +121,8 @@ def _as_start(formulation: Formulation, schedule: Schedule, replay: Replay) -> S
     """A schedule found before (of the posed problem's ids) as the compact formulation's starting point."""
     tensor_win, op_win = formulation.stages.windows  # unsaved tensors whose op cannot rerun are not made
     problem = formulation.problem
-    dropped = frozenset(t for t in tensor_win if t not in schedule.saved and problem.tensors[t].producer in op_win)
+    dropped = frozenset(t for t in tensor_win if t not in schedule.saved and problem.tensors[t].producer in op_win
+                        and schedule.impl(problem, problem.ops[problem.tensors[t].producer]).recomputable)
     return Start(dropped, dict(schedule.options), schedule, replay)
 
 
@@ -401,6 +402,8 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     formulation = _formulate(kind, posed, budget, settings, fixed, horizon)
     if kind == "compact" and incumbent and (found is None or incumbent[1].time < found.replay.time):
         found = _as_start(formulation, *incumbent)
+    elif found:  # the heuristic's drops leave kept what its schedule does not save, which the ILP would count
+        found = _as_start(formulation, found.schedule, found.replay)
     warm = formulation.warm_start(found.dropped, found.options) if found else None
     if isinstance(formulation, General):
         warm = _general_warm(formulation, problem, fixed, [incumbent] if incumbent else [], found)
@@ -649,6 +652,8 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
     formulation = _formulate(kind, posed, None, settings, fixed, horizon)
     if incumbent and (start is None or alone.found < start.replay.peak):
         start = _as_start(formulation, incumbent, simulate(problem, incumbent))
+    elif start:  # as in _solve: drop what the schedule does not save
+        start = _as_start(formulation, start.schedule, start.replay)
     unconstrained = unconstrained.peak
 
     def peak(objective: float, bound: float) -> str:
