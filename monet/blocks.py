@@ -90,7 +90,7 @@ def solve_blocks(model: nn.Module, blocks: nn.ModuleList | nn.Sequential, inputs
     `.peak` is the step's predicted peak, for the blocks alone (not what the model runs around them).
     With `shards` > 1 the step is one rank's under FSDP2 over that many ranks (`fully_shard` on each
     wrapper and the root, FSDP2's defaults): parameters sharded, gathered around each block's
-    forward and backward, gradients reduce-scattered (monet.solver.stack.sharded says which buffers
+    forward and backward, gradients reduce-scattered (monet.solver.fsdp.sharded says which buffers
     it counts); otherwise every parameter and gradient is held whole for the whole step."""
     settings = settings_of(settings, **changes)
     _check_blocks(model, blocks)
@@ -100,8 +100,9 @@ def solve_blocks(model: nn.Module, blocks: nn.ModuleList | nn.Sequential, inputs
                               implementations=settings.implementations or bool(settings.options))
                 for block, example in zip(blocks, block_inputs(model, list(blocks), inputs))]
     stacked = stack(problems)
-    step = solve_step(stacked, parse_budget(budget, step_unconstrained(stacked, shards).peak), settings,
-                      world=shards, progress=progress)
+    unconstrained = step_unconstrained(stacked, shards)
+    step = solve_step(stacked, parse_budget(budget, unconstrained.peak), settings, world=shards,
+                      unconstrained=unconstrained, progress=progress)
     record = step.solution.record(implementations=settings.implementations,
                                   approximate_allowed=settings.allow_approximate)
     files = tuple(ScheduleFile.of(problem, schedule, type(block).__name__, budget=step.solution.budget, solver=record)

@@ -25,6 +25,7 @@ class Sharded:
     moved: dict[int, int]
     fetch: tuple[tuple[int, ...], ...]  # per block: what its backward begins with (all-gathers, copy-out)
     ends: tuple[tuple[int, int], ...]  # per block: its reshard and reduce-scatter
+    gathered: tuple[int, ...]  # per block: bytes of its all-gather's output (its padded parameters)
 
     def schedule(self, schedules: Sequence[Schedule]) -> Schedule:
         """The step with the blocks running `schedules`, as FSDP2 runs it."""
@@ -110,7 +111,7 @@ def sharded(stacked: Stacked, world: int) -> Sharded:
     fetch = tuple(((gather[k],) if k == n - 1 else ()) + (copy_out[k],) + ((gather[k - 1],) if k else ())
                   for k in range(n))
     return Sharded(stacked, Problem(tensors, ops, dict(problem.meta, world=world), problem.choices, held=problem.held),
-                   moved, fetch, tuple(ends[k] for k in range(n)))
+                   moved, fetch, tuple(ends[k] for k in range(n)), tuple(world * b for b in shard))
 
 
 def _shard_bytes(tensor: Tensor, world: int) -> int:

@@ -34,21 +34,22 @@ def step_unconstrained(stacked: Stacked, world: int = 1) -> Replay:
 
 
 def solve_step(stacked: Stacked, budget: int, settings: SolveSettings | None = None, *, world: int = 1,
-               progress=None, **changes) -> StepSolution:
+               unconstrained: Replay | None = None, progress=None, **changes) -> StepSolution:
     """Each block's schedule, solved as one step within `budget` bytes (monet.solver.solve's settings).
     Under FSDP2 (`world` > 1) the ILP solves `sharded`'s problem, where each block's parameters are
     gathered when first needed; FSDP2 gathers them when the block's backward begins and prefetches the
     block before's, so the ILP gets `budget` less two blocks' gathered parameters, and the step as
     FSDP2 runs it is replayed: where it still exceeds `budget`, the ILP's budget drops by the excess
-    (twice at most)."""
+    (twice at most). `unconstrained`, step_unconstrained's replay where the caller has it, spares
+    replaying it again."""
     settings = settings_of(settings, **changes)
-    unconstrained = step_unconstrained(stacked, world)
+    unconstrained = unconstrained or step_unconstrained(stacked, world)
     if world == 1:
         solution = solve(stacked.problem, budget, settings, progress=progress, unconstrained=unconstrained)
         own = tuple(split(stacked, solution.schedule))
         return StepSolution(solution, own, simulate(stacked.problem, join(stacked, own)), unconstrained)
     step = sharded(stacked, world)
-    margin = 2 * max(t.bytes for t in step.problem.tensors if t.name.endswith("fsdp.all_gather_output"))
+    margin = 2 * max(step.gathered)
     target = budget - margin
     for _ in range(3):
         try:
