@@ -10,7 +10,7 @@ DDP, eager, transformers' per-layer checkpointing, and MONeTWrapper with a sched
 one rank's shard at `--budget` (for the whole step, SGD's included; where that is below the least
 peak, 2 % above the least); under FSDP2 (`fully_shard` on every block and the root), eager,
 checkpointing, and monet block by block (monet.solve_blocks with `shards`: the blocks' schedules
-solved together here for one rank's step of the blocks under FSDP2 at `--budget`, the same fallback;
+solved together here for one rank's step under FSDP2 at `--budget`, the same fallback;
 monet.wrap_blocks runs them). Writes
 distributed-<size>-cpu.{json,csv,md,png} to `-o`.
 """
@@ -178,7 +178,7 @@ def bench(args: argparse.Namespace) -> list[dict]:
                 for schedule, path in zip(plan.schedules, schedule_file):
                     schedule.save(path)
                 row["predicted_peak"] = plan.peak
-                row["note"] += (f"budget and prediction for the blocks' step alone; {plan.schedules[0].solver.status}, "
+                row["note"] += (f"{plan.schedules[0].solver.status}, "
                                 f"solved in {time.perf_counter() - began:.0f} s")
             found = run_ranks(args.ranks, {"parallel": parallel, "method": method, "batch": args.batch,
                                            "length": args.length, "steps": args.steps, "layers": args.layers},
@@ -222,9 +222,8 @@ def markdown(header: dict, rows: list[dict]) -> str:
              f"Peak: a steady step's, the largest over the ranks (each rank's local parameters, batch and what the "
              f"step allocates); step: the median of {header['steps']} steps, the slowest rank's. vs eager: against "
              f"eager under the same parallelism. monet solved for one rank's shard and the whole step under DDP, "
-             f"and for the blocks' step on one rank under FSDP2 (monet.solve_blocks with shards, then "
-             f"monet.wrap_blocks; its budget and prediction leave out the embeddings, head and loss around the "
-             f"blocks) ({header['cost_model']} cost model, {header['time_limit']:g} s each).")
+             f"and for one rank's step under FSDP2 (monet.solve_blocks with shards, then monet.wrap_blocks; "
+             f"SGD's step not counted) ({header['cost_model']} cost model, {header['time_limit']:g} s each).")
     return markdown_table(f"Several processes: {header['tag']}",
                           ("parallelism", "method", "budget", "predicted peak", "measured peak", "peak vs eager",
                            "step", "step vs eager", "note"), cells, intro=intro,
@@ -237,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=8, help="GPT-2's blocks. Default: %(default)s")
     parser.add_argument("--batch", type=int, default=4, help="sequences per rank. Default: %(default)s")
     parser.add_argument("--length", type=int, default=256, help="tokens per sequence. Default: %(default)s")
-    parser.add_argument("--budget", default="50%", help="monet's budget per rank (under FSDP2: for the blocks' step). "
+    parser.add_argument("--budget", default="50%", help="monet's budget per rank. "
                         "Default: %(default)s")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per rank. Default: %(default)s")
     parser.add_argument("--time-limit", type=float, default=60, help="seconds for monet's solve. Default: %(default)s")

@@ -188,32 +188,42 @@ def analyze(gm: torch.fx.GraphModule, num_fwd_outputs: int | None = None) -> Gra
         for i, r in enumerate(order)
     )
     fp = fingerprint(gm)
-    meta = {"fingerprint": fp, **_links(graph, outputs, descs, node_tensors, tensors)}
+    # Which autograd node's formula each backward op belongs to (its forward op's sequence number):
+    # PyTorch's eager autograd holds what a formula makes until the formula returns (stack.py).
+    nodes = {r["node"].name: r["node"].meta["seq_nr"] for r in order
+             if r["phase"] == "backward" and "seq_nr" in r["node"].meta}
+    meta = {"fingerprint": fp, **_links(graph, outputs, descs, node_tensors, tensors), "autograd_nodes": nodes}
     return GraphAnalysis(Problem(tensor_objs, ops, meta), node_tensors, fp)
 
 
 def _links(graph: torch.fx.Graph, outputs: list, descs: list, node_tensors: dict, tensors: list[dict]) -> dict:
     """Which tensor is the gradient of each plain input ("gradients": input -> gradient) and which
     output each tangent is the gradient of ("tangents": output -> tangent), by tensor name: what
-    joins one block's problem to the next one's (solver/stack.py)."""
+    joins one block's problem to the next one's (solver/stack.py); and each parameter's name in its
+    module ("parameters": tensor -> name) and gradient ("parameter_gradients": tensor -> gradient),
+    by which a parameter that several problems of one step use is counted once (a tied embedding)."""
     def name(node) -> str | None:
         refs = node_tensors.get(node.name, ()) if isinstance(node, torch.fx.Node) else ()
         return tensors[refs[0]]["name"] if len(refs) == 1 else None
 
     placeholders = list(graph.find_nodes(op="placeholder"))
-    gradients, tangents = {}, {}
+    gradients, tangents, param_gradients = {}, {}, {}
+    parameters = {name(p): p.meta["desc"].target for p in placeholders
+                  if isinstance(p.meta.get("desc"), d.ParamAOTInput) and name(p)}
     for node, desc in zip(outputs, descs):
-        if isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, d.PlainAOTInput):
+        if isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, (d.PlainAOTInput, d.ParamAOTInput)):
             source = next((p for p in placeholders if p.meta.get("desc") == desc.grad_of), None)
             if source is not None and name(source) and name(node):
-                gradients[name(source)] = name(node)
+                links = gradients if isinstance(desc.grad_of, d.PlainAOTInput) else param_gradients
+                links[name(source)] = name(node)
     for p in placeholders:
         desc = p.meta.get("desc")
         if isinstance(desc, d.TangentAOTInput) and isinstance(desc.output, d.PlainAOTOutput) and name(p):
             output = name(outputs[desc.output.idx]) if desc.output.idx < len(outputs) else None
             if output:
                 tangents[output] = name(p)
-    return {"gradients": gradients, "tangents": tangents}
+    return {"gradients": gradients, "tangents": tangents, "parameters": parameters,
+            "parameter_gradients": param_gradients}
 
 
 def _bytes(val: torch.Tensor) -> int:

@@ -182,15 +182,22 @@ SHARDED = {"dim": 128, "depth": 4, "heads": 4, "dropout": 0.0}
 TOKENS = (8, 128, 128)  # each rank's shard
 
 
-class _Blocks(torch.nn.Module):
-    """The Transformer's blocks alone (no final norm): the model the step's prediction covers."""
+class _Sharded(torch.nn.Module):
+    """The Transformer's blocks between an input projection and a final norm, an output projection and
+    a cross-entropy loss, as a language model computes its loss inside: under FSDP2 the root's group
+    holds the parameters around the blocks, which run eagerly."""
 
     def __init__(self):
         super().__init__()
-        self.blocks = Transformer(**SHARDED).blocks
+        transformer = Transformer(**SHARDED)
+        self.embed = torch.nn.Linear(SHARDED["dim"], SHARDED["dim"])
+        self.blocks, self.norm = transformer.blocks, transformer.norm
+        self.head = torch.nn.Linear(SHARDED["dim"], 4 * SHARDED["dim"])
 
     def forward(self, x):
-        return self.blocks(x)
+        logits = self.head(self.norm(self.blocks(self.embed(x))))
+        classes = torch.arange(logits[..., 0].numel(), device=x.device) % logits.shape[-1]
+        return torch.nn.functional.cross_entropy(logits.flatten(0, -2), classes)
 
 
 BLOCK_TOKENS = (8, 256, 128)  # each rank's shard: a block's parameters are 0.7 % of plain FSDP2's peak
@@ -205,7 +212,7 @@ def _fsdp2_rank(rank, port, state, schedules, out):
         x = torch.randn(*BLOCK_TOKENS, generator=torch.Generator().manual_seed(rank))
         found = {}
         for method in ("fsdp2", "monet"):
-            model = _Blocks()
+            model = _Sharded()
             model.load_state_dict(state)
             if method == "monet":
                 monet.wrap_blocks(model, model.blocks, x, schedules=schedules)
@@ -216,9 +223,7 @@ def _fsdp2_rank(rank, port, state, schedules, out):
                 model.zero_grad(set_to_none=True)
                 local = [p.to_local() for p in model.parameters()]
                 with PeakMemory("cpu", resident_bytes(*local, x)) as meter:
-                    y = model(x)  # held, as the prediction holds the blocks' output
-                    _loss(y).backward()
-                del y
+                    model(x).backward()
             found[method] = ({name.replace(".model.", "."): p.grad.full_tensor()
                               for name, p in model.named_parameters()}, meter.peak)
         torch.save(found, f"{out}/rank{rank}.pt")
@@ -227,13 +232,15 @@ def _fsdp2_rank(rank, port, state, schedules, out):
 def test_fsdp2_around_blocks_solved_together_trains_as_plain_fsdp2_at_its_predicted_peak(tmp_path):
     """monet.solve_blocks(..., shards=2) at 50 %, monet.wrap_blocks, then fully_shard on each wrapper and
     the root: FSDP2 gathers each block's parameters around the wrapper's call and its backward, and the
-    block's schedule runs on them. Gradients equal plain FSDP2's (measured: to the bit); each rank's
-    peak is the predicted FSDP2 step's within 3 % (measured: to 8 bytes on both ranks), plain FSDP2's
-    the prediction for keeping everything within 3 % (measured +0.7 %: one block's parameters more, an
-    all-gather's buffer held longer on one or both ranks, as it varies between runs), and monet's at
-    most 0.60 of plain FSDP2's (measured 0.48)."""
+    block's schedule runs on them; the root's parameters (the projections and the norm around the
+    blocks) stay gathered from the forward to the end of the backward. Gradients equal plain FSDP2's;
+    each rank's peak is the predicted FSDP2 step's within 3 % (measured when written: 57,434,888 B on
+    both ranks against 57,690,372 predicted), plain FSDP2's the prediction for keeping everything
+    within 3 % (119,415,592 against 119,671,044; with the blocks alone an all-gather's buffer was once
+    held longer, one block's parameters over, as it varies between runs), and monet's at most 0.60 of
+    plain FSDP2's (0.48)."""
     torch.manual_seed(0)
-    model = _Blocks()
+    model = _Sharded()
     state = model.state_dict()
     plan = monet.solve_blocks(model, model.blocks, torch.randn(*BLOCK_TOKENS), "50%", shards=WORLD,
                               cost_model="analytic", time_limit=10)
