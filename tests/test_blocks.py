@@ -104,6 +104,31 @@ def test_solve_blocks_says_what_is_wrong():
     with pytest.raises(InfeasibleBudgetError, match="cannot be met: the least peak found is .*raise the budget"):
         monet.solve_blocks(model, model.blocks, x, "5%", shards=2, cost_model="analytic", time_limit=5)
     assert not any(isinstance(b, MONeTWrapper) for b in model.blocks)
+    forked = _Forked()
+    with pytest.raises(ValueError, match=r"blocks \[0\] do not pass on exactly one tensor"):
+        monet.solve_blocks(forked, forked.blocks, torch.randn(2, 8), "50%")
+
+
+class _Split(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return y, 2 * y
+
+
+class _Forked(torch.nn.Module):
+    """Its first block returns two tensors that want a gradient, which the model adds."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Split(), torch.nn.Linear(8, 8)])
+
+    def forward(self, x):
+        a, b = self.blocks[0](x)
+        return self.blocks[1](a + b)
 
 
 def test_stacking_blocks_that_do_not_pass_one_tensor_on_says_why():
