@@ -49,6 +49,20 @@ def test_wrapped_blocks_train_as_eager_and_their_schedules_reload(tmp_path):
     assert [f.schedule for f in reloaded] == [f.schedule for f in files]
 
 
+def _step_peak(model, call, loss, *inputs) -> int:
+    """The peak of `loss(call(model)).backward()` with the model's output held through it (as the prediction
+    holds it), the same step twice (generators seeded alike), the second measured; the output is freed
+    inside the meter that saw it made (the profiler behind PeakMemory counts frees of earlier tensors)."""
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(3)
+        with PeakMemory("cpu", resident_bytes(model, *inputs)) as meter:
+            out = call(model)
+            loss(out).backward()
+            del out
+    return meter.peak
+
+
 def test_wrap_blocks_says_what_is_wrong():
     model = Transformer(**CONFIG)
     x = torch.randn(*TOKENS)
@@ -78,16 +92,7 @@ def test_blocks_solved_together_peak_as_predicted_and_train_as_eager():
     assert plan.peak <= plan.budget <= 0.5 * plan.unconstrained.peak + 1
     assert len(plan.schedules) == CONFIG["depth"] and all(f.budget == plan.budget for f in plan.schedules)
     monet.wrap_blocks(model, model.blocks, x, schedules=plan.schedules)
-    peaks = {}
-    for m in (model, reference):
-        for _ in range(2):  # the same step twice, the second measured
-            m.zero_grad(set_to_none=True)
-            torch.manual_seed(3)
-            with PeakMemory("cpu", resident_bytes(m, x)) as meter:
-                out = m(x)
-                out.pow(2).mean().backward()
-                del out  # freed inside the meter that saw it made
-        peaks[m] = meter.peak
+    peaks = {m: _step_peak(m, lambda m: m(x), lambda out: out.pow(2).mean(), x) for m in (model, reference)}
     assert abs(peaks[model] - plan.peak) <= 0.03 * peaks[model], (peaks[model], plan.peak)
     assert peaks[model] <= 0.5 * peaks[reference], peaks
     grads = dict(reference.named_parameters())
@@ -169,16 +174,8 @@ def test_gpt2s_whole_step_around_its_blocks_is_predicted():
 
     plan = monet.solve_blocks(model, model.transformer.h, inputs, "50%", cost_model="analytic", time_limit=10)
     monet.wrap_blocks(model, model.transformer.h, inputs, schedules=plan.schedules)
-    peaks = {}
-    for m in (model, reference):
-        for _ in range(2):
-            m.zero_grad(set_to_none=True)
-            torch.manual_seed(3)
-            with PeakMemory("cpu", resident_bytes(m, *inputs.values())) as meter:
-                out = m(**inputs)
-                out.loss.backward()
-                del out  # freed inside the meter that saw it made
-        peaks[m] = meter.peak
+    peaks = {m: _step_peak(m, lambda m: m(**inputs), lambda out: out.loss, *inputs.values())
+             for m in (model, reference)}
     assert abs(peaks[model] - plan.peak) <= 0.03 * peaks[model], (peaks[model], plan.peak)
     assert peaks[model] <= 0.6 * peaks[reference], peaks
     grads = dict(reference.named_parameters())
