@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.distributed import main  # noqa: E402
 
 
-def test_ddp_and_fsdp2_ranks_run_and_monet_under_ddp_measures_its_prediction(tmp_path):
+def test_ddp_and_fsdp2_ranks_run_and_monet_measures_its_prediction(tmp_path):
     pytest.importorskip("transformers")
     code = main(["--layers", "2", "--batch", "1", "--length", "128", "--steps", "1", "--time-limit", "10",
                  "--timeout", "240", "-o", str(tmp_path)])
@@ -21,8 +21,10 @@ def test_ddp_and_fsdp2_ranks_run_and_monet_under_ddp_measures_its_prediction(tmp
         (p, m) for p in ("ddp", "fsdp2") for m in ("eager", "checkpointing", "monet")]
     for row in rows:
         assert row["peak"] > 0 and row["step"] > 0
-        if (row["parallel"], row["method"]) == ("fsdp2", "monet"):  # predicted: the blocks' step within the step
-            assert 0 < row["predicted_peak"] <= row["peak"] and "blocks' step alone" in row["note"], row
+        if (row["parallel"], row["method"]) == ("fsdp2", "monet"):  # the whole step predicted; at this size
+            # FSDP2's buffers and the parameters dominate, and the ranks measured 6.2 % over the prediction
+            # when written (the 3 % target is tested at a real size in tests/test_distributed.py)
+            assert abs(row["peak"] - row["predicted_peak"]) <= 0.10 * row["peak"], row
         elif row["method"] == "monet":  # every rank measured within 3 % of the prediction for its shard
             assert abs(row["peak"] - row["predicted_peak"]) <= 0.03 * row["peak"], row
     assert "| ddp | monet |" in stem.with_suffix(".md").read_text()
