@@ -62,20 +62,20 @@ def _calls(model: nn.Module, blocks: Sequence[nn.Module], inputs) -> tuple[list[
     returns more than the last block's output (then it runs something after its blocks)."""
     device = model_device(model)
     example = Example.of(inputs, device=device)
-    seen: dict[int, tuple] = {}
+    seen: dict[int, Example] = {}
+    outputs: dict[int, Any] = {}
     returned = {}
 
     def keep(index: int):
         def hook(_module, args, kwargs):
             copy = tree_map_only(torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad),
                                  (args, kwargs))
-            seen.setdefault(index, (Example(*copy),))
+            seen.setdefault(index, Example(*copy))
         return hook
 
     def out(index: int):
         def hook(_module, _args, _kwargs, output):
-            if len(seen.get(index, ())) == 1:
-                seen[index] += (output,)
+            outputs.setdefault(index, output)
         return hook
 
     handles = [block.register_forward_pre_hook(keep(i), with_kwargs=True) for i, block in enumerate(blocks)]
@@ -93,14 +93,14 @@ def _calls(model: nn.Module, blocks: Sequence[nn.Module], inputs) -> tuple[list[
                          "model's forward calls (a ModuleList or Sequential of its blocks)")
     calls = []
     for i in range(len(blocks)):
-        call, output = seen[i]
-        leaves, spec = tree_flatten(output)
+        call = seen[i]
+        leaves, spec = tree_flatten(outputs[i])
         args = tree_flatten((call.args, call.kwargs))[0]
         out = _wanting_gradient(leaves)
         result = None if out is None else leaves[out].detach().clone().requires_grad_()
         calls.append(_Call(call, spec, tuple(None if isinstance(x, torch.Tensor) else x for x in leaves),
                            _wanting_gradient(args), out, result))
-    last = seen[len(blocks) - 1][1]
+    last = outputs[len(blocks) - 1]
     after = [id(t) for t in tree_flatten(returned["output"])[0]] != [id(t) for t in tree_flatten(last)[0]]
     return calls, after
 

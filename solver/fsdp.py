@@ -131,7 +131,7 @@ def sharded(stacked: Stacked, world: int) -> Sharded:
     sharded_blocks = [k for k in blocks if k in groups]
     for k in reversed(range(parts)):
         copy(k, "backward")
-        if k not in groups or k == root:
+        if k not in groups:
             continue
         i = sharded_blocks.index(k)
         later = sharded_blocks[i + 1:i + 2]  # the block whose reduce-scatter input this one's end frees

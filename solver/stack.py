@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import groupby
 
 from .problem import Impl, Op, Problem, ProblemError, Tensor
 from .schedule import Schedule
@@ -204,15 +205,9 @@ def _formulas_held(problem: Problem) -> Problem:
     """`problem` with the last op of each autograd formula reading what the formula's earlier ops made."""
     nodes = problem.meta.get("autograd_nodes", {})
     ops = list(problem.ops)
-    group: list[Op] = []
-    for op in [*problem.backward_ops, None]:
-        node = None if op is None else nodes.get(op.name)
-        if group and (node is None or node != nodes.get(group[0].name)):
-            made = tuple(t for earlier in group[:-1] for t in earlier.outputs
-                         if t not in group[-1].pytorch.inputs)
-            last = group[-1]
+    for node, run in groupby(problem.backward_ops, key=lambda op: nodes.get(op.name)):
+        *earlier, last = run
+        made = tuple(t for op in earlier for t in op.outputs if t not in last.pytorch.inputs)
+        if node is not None and made:
             ops[last.id] = replace(last, pytorch=replace(last.pytorch, inputs=last.pytorch.inputs + made))
-            group = []
-        if node is not None:
-            group.append(op)
     return replace(problem, ops=tuple(ops))
