@@ -82,7 +82,7 @@ _SCHEMA = {
                         "id": _INT, "name": {"type": "string"}, "bytes": _INT, "role": {"enum": list(ROLES)},
                         "producer": {"type": ["integer", "null"], "minimum": 0},
                         "shape": {"type": ["array", "null"], "items": _INT},
-                        "dtype": {"type": ["string", "null"]},
+                        "dtype": {"type": ["string", "null"]}, "keep_time": _TIME,
                     },
                 }},
                 "ops": {"type": "array", "items": {

@@ -226,10 +226,16 @@ class Compact(Formulation):
         self._saved_unless_in_place(lambda t: ([(self.drop[t], -1.0)], 1.0))
 
     def _objective(self) -> None:
-        """Rerun times, and the forward and backward ops' own times where they depend on an option."""
+        """Rerun times, the forward and backward ops' own times where they depend on an option, and what
+        saving a tensor costs (on a variable at least 1 - d[t])."""
         for var, seconds in self._rerun_times:
             self.memory.add_time(var, seconds)
         self._option_times()
+        for t, drop in self.drop.items():
+            if self.problem.tensors[t].keep_time:
+                kept = self.milp.add_vars(upper=1.0)
+                self.milp.add_row([(kept, -1.0), (drop, -1.0)], -1.0)
+                self.memory.add_time(kept, self.problem.tensors[t].keep_time)
 
     def warm_start(self, dropped: frozenset[int], options: dict[str, str]) -> dict[int, float]:
         return {var: float(t in dropped) for t, var in self.drop.items()} | self.option_values(options)

@@ -144,8 +144,12 @@ class General(Formulation):
 
     def _objective(self) -> None:
         """Each rerun's time under its op's option: the least of its options' on R[o,k], and what an
-        option costs more on a variable at least R[o,k] + y_j - 1; the times that depend on options."""
+        option costs more on a variable at least R[o,k] + y_j - 1; the times that depend on options;
+        what saving a tensor costs, on s[t]."""
         milp = self.milp
+        for t, var in self.saved.items():
+            if self.problem.tensors[t].keep_time:
+                self.memory.add_time(var, self.problem.tensors[t].keep_time)
         for (o, _), var in self.rerun.items():
             times = [impl.recompute_time for impl in self.problem.ops[o].impls]
             self.memory.add_time(var, min(times))

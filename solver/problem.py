@@ -39,7 +39,9 @@ PHASES = ("forward", "backward")
 
 @dataclass(frozen=True)
 class Tensor:
-    """One allocation: a storage of `bytes` bytes made by op `producer` (shape and dtype for people)."""
+    """One allocation: a storage of `bytes` bytes made by op `producer` (shape and dtype for people).
+    `keep_time`: seconds that saving it for the backward adds to the step (a compiled step writes
+    a tensor that only fused kernels read in the forward only because it is saved)."""
 
     id: int
     name: str
@@ -48,6 +50,7 @@ class Tensor:
     producer: int | None = None
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
+    keep_time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,11 @@ _IMPL_FIELDS = frozenset(f.name for f in fields(Impl))
 def _in_place(impl: Impl) -> dict:
     """`overwrites`, written only where set: files (and their digests) of ops that run in place only."""
     return {} if impl.overwrites is None else {"overwrites": impl.overwrites}
+
+
+def _tensor_to_dict(tensor: Tensor) -> dict:
+    """`keep_time` written only where set: files (and their digests) of problems that price saving only."""
+    return {key: value for key, value in asdict(tensor).items() if key != "keep_time" or value}
 
 
 def _impl_to_dict(impl: Impl) -> dict:
@@ -418,7 +426,7 @@ class Problem:
         return {
             "version": PROBLEM_VERSION,
             "meta": self.meta,
-            "tensors": [asdict(t) for t in self.tensors],
+            "tensors": [_tensor_to_dict(t) for t in self.tensors],
             "ops": [op.to_dict() for op in self.ops],
             "choices": [asdict(c) for c in self.choices],
             **({"update": asdict(self.update)} if self.update else {}),

@@ -19,7 +19,8 @@ _HELD_ROLES = (*PERSISTENT_ROLES, "output", "grad")
 
 @dataclass(frozen=True)
 class Replay:
-    """Memory during each op run (live bytes plus its outputs and workspace) and times."""
+    """Memory during each op run (live bytes plus its outputs and workspace) and times (the forward's
+    includes what saving costs: Tensor.keep_time)."""
 
     timeline: tuple[tuple[str, int], ...]
     forward_time: float
@@ -70,7 +71,7 @@ def simulate(problem: Problem, schedule: Schedule) -> Replay:
             role = tensors[t].role
             if role == "activation" and t not in schedule.saved and last_forward_read.get(t, -1) <= op.id:
                 live.discard((t, 0))
-    forward_time = sum(impls[op.id].time for op in forward)
+    forward_time = sum(impls[op.id].time for op in forward) + sum(tensors[t].keep_time for t in schedule.saved)
 
     # The caller's buffers take the new running stats; the backward's seeds arrive.
     for t in tensors:

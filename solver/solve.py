@@ -354,8 +354,9 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     began = time.perf_counter()
     options, time_limit = settings.options or {}, settings.time_limit
     baseline, baseline_replay = baseline
-    if baseline_replay.peak <= budget and not (settings.implementations and problem.choices) and not options:
-        # nothing to recompute and nothing else to choose: optimal by definition
+    if (baseline_replay.peak <= budget and not (settings.implementations and problem.choices) and not options
+            and not any(t.keep_time for t in problem.tensors)):
+        # nothing to recompute, nothing else to choose and nothing costs to save: optimal by definition
         return Solution(baseline, baseline_replay, budget, settings.formulation, "optimal", baseline_replay.time,
                         baseline_replay.time, 0.0, time.perf_counter() - began)
     kind, posed, fixed = _pose(problem, settings)

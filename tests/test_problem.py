@@ -12,13 +12,17 @@ from monet.solver import Impl, Op, Problem, ProblemError, Tensor, keep_all, simu
 
 
 def test_json_round_trip_keeps_everything():
-    problem = dataclasses.replace(random_dag(3), held=4096)
+    plain = random_dag(3)
+    problem = dataclasses.replace(plain, held=4096,
+                                  tensors=[*plain.tensors[:-1], dataclasses.replace(plain.tensors[-1], keep_time=0.5)])
     again = Problem.from_json(problem.to_json())
     assert again.tensors == problem.tensors
     assert again.ops == problem.ops
     assert again.meta == problem.meta
     assert again.held == 4096 and again == problem
-    assert "held" not in random_dag(3).to_dict()  # files of problems with nothing held are as before
+    assert again.tensors[-1].keep_time == 0.5
+    assert "held" not in plain.to_dict()  # files of problems with nothing held or priced are as before
+    assert not any("keep_time" in t for t in plain.to_dict()["tensors"])
 
 
 def test_unknown_version_is_refused():

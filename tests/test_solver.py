@@ -68,6 +68,27 @@ def test_reruns_are_priced_at_their_rerun_time(formulation):
     assert solution.objective < solve(plain, budget, formulation=formulation).objective - 0.5
 
 
+@pytest.mark.parametrize("formulation", ["compact", "general"])
+def test_saving_a_tensor_costs_its_keep_time(formulation):
+    """A saved tensor costs its `keep_time` (fused_reruns sets one where a compiled forward writes a tensor
+    only to save it): the simulator adds it to the forward, the ILP prices it alike, and where the tensor's
+    op reruns for free the fastest schedule drops it even with memory to spare."""
+    plain = chain(12)
+    free = {op.id for op in plain.forward_ops if op.id % 2}
+    priced = {t for i in free for t in plain.ops[i].outputs if plain.tensors[t].role == "activation"}
+    p = dataclasses.replace(
+        plain, tensors=[dataclasses.replace(t, keep_time=0.3) if t.id in priced else t for t in plain.tensors],
+        ops=[dataclasses.replace(op, pytorch=dataclasses.replace(op.pytorch, rerun_time=0.0)) if op.id in free
+             else op for op in plain.ops])
+    everything = keep_all(p)
+    assert simulate(p, everything).forward_time == pytest.approx(simulate(plain, everything).forward_time
+                                                                 + 0.3 * len(priced & everything.saved))
+    solution = solve(p, unconstrained(p), formulation=formulation)
+    assert not solution.warnings and solution.objective == pytest.approx(solution.replay.time, rel=1e-6)
+    assert priced and not priced & solution.schedule.saved  # each rerun costs 0, each saved copy 0.3
+    assert solution.objective == pytest.approx(simulate(plain, everything).time)
+
+
 def test_general_reaches_budgets_that_compact_cannot():
     p = chain(12)
     compact, general = least_peak(p, formulation="compact"), least_peak(p, formulation="general")
