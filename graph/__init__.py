@@ -20,7 +20,7 @@ from .capture import (
     model_device,
     sharded_parameters,
 )
-from .cost_model import analytic_times, fused_reruns
+from .cost_model import analytic_times, fused_reruns, write_time
 from .example import Example, tensor_spec
 from .implementations import (
     RERUN,
@@ -92,5 +92,6 @@ __all__ = [
     "compiled_options", "inductor_compile", "inductor_compile_backward", "inductor_excluded", "inductor_fused",
     "not_compiled", "rewrite", "structure",
     "allocation_bytes", "analyze", "analytic_times", "cost_graph", "costed_problem", "fingerprint", "fused_reruns",
+    "write_time",
     "measure_times", "measure_workspace", "model_device", "sharded_parameters", "tensor_spec",
 ]

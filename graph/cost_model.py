@@ -3,7 +3,9 @@
 Analytic times are deterministic, for schedules that must be reproducible (tests, precomputed
 schedules): an op's time is the roofline estimate max(flops / FLOP_RATE, bytes / BANDWIDTH)
 plus a fixed launch overhead. Under Inductor, a pointwise op that the backward recomputes fuses
-into the kernel that reads its output, so its rerun costs no time of its own (fused_reruns).
+into the kernel that reads its output, so its rerun costs no time of its own, and a tensor that only
+fused kernels read in the forward is written to memory only if it is saved, so saving it costs that
+write (fused_reruns).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from monet.solver import Problem
 
 from .analyze import GraphAnalysis, input_values
+from .cudnn_batch_norm import NATIVE_FORWARD
+from .profile import median_time
 
 FLOP_RATE = 1e12  # FLOP/s
 BANDWIDTH = 1e11  # bytes/s
@@ -39,17 +43,41 @@ def analytic_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule) -> dict[st
     return costs
 
 
-def fused_reruns(problem: Problem, gm: torch.fx.GraphModule, options: dict[str, tuple[str, ...]] | None = None) \
-        -> Problem:
+def write_time(device: torch.device, cost_model: str) -> float:
+    """Seconds per byte that writing a tensor to memory takes: 1 / BANDWIDTH for the analytic cost
+    model, else measured (the median of filling a 64 MiB buffer)."""
+    if cost_model == "analytic":
+        return 1 / BANDWIDTH
+    buffer = torch.empty(1 << 24, device=device)
+    seconds, _ = median_time(lambda: buffer.fill_(1.0), device, repeats=5, warmup=2)
+    return seconds / (buffer.numel() * buffer.element_size())
+
+
+def fused_reruns(problem: Problem, gm: torch.fx.GraphModule, options: dict[str, tuple[str, ...]] | None = None,
+                 write: float = 0.0) -> Problem:
     """`problem` (of the joint graph `gm`) with the reruns of its pointwise forward ops priced at no
     time, as Inductor runs them: fused into the kernel that reads their output, which reads their
     inputs instead (Inductor's own partitioner recomputes such ops for the same reason). Their
     outputs still count as buffers of their own. Reruns an option prices itself keep that price,
     except under the `options` ({choice: options}, implementations.inductor_fused) whose reruns
-    Inductor runs as pointwise kernels too (a batch norm rerun from its saved statistics)."""
-    pointwise = {n.name for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)
-                 and torch.Tag.pointwise in n.target.tags}
+    Inductor runs as pointwise kernels too (a batch norm rerun from its saved statistics).
+
+    Saving costs `write` seconds per byte where the forward writes a tensor only to save it: one that
+    a pointwise op or a training batch norm (which Inductor decomposes into reductions and pointwise
+    ops) makes and that only pointwise ops read in the forward, so that Inductor fuses it into its
+    readers' kernels unless it is saved (Tensor.keep_time)."""
+    targets = {n.name: n.target for n in gm.graph.nodes}
+    pointwise = {name for name, target in targets.items() if isinstance(target, torch._ops.OpOverload)
+                 and torch.Tag.pointwise in target.tags}
     options = options or {}
+
+    def fused_away(t) -> bool:
+        if t.role != "activation" or t.producer is None:
+            return False
+        producer = problem.ops[t.producer]
+        readers = [problem.ops[r] for r in problem.readers[t.id] if problem.ops[r].phase == "forward"]
+        return ((producer.name in pointwise or targets.get(producer.name) == NATIVE_FORWARD)
+                and all(r.name in pointwise for r in readers))
 
     def free(impl):
         return replace(impl, rerun_time=0.0) if impl.rerun_time is None else impl
@@ -66,4 +94,5 @@ def fused_reruns(problem: Problem, gm: torch.fx.GraphModule, options: dict[str, 
         return replace(op, others=tuple(replace(impl, rerun_time=0.0) if names[i + 1] in fused else impl
                                         for i, impl in enumerate(op.others)))
 
-    return replace(problem, ops=tuple(map(priced, problem.ops)))
+    tensors = tuple(replace(t, keep_time=t.bytes * write) if write and fused_away(t) else t for t in problem.tensors)
+    return replace(problem, tensors=tensors, ops=tuple(map(priced, problem.ops)))

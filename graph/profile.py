@@ -136,12 +136,12 @@ def measure_call(call: Callable[[], object], device: torch.device, *, repeats: i
     """(median seconds, workspace bytes, result) of `call`; workspace as for graph ops."""
     with DevicePeak(device) as meter:
         result = call()
-    seconds, _ = _median_time(call, device, repeats, warmup)
+    seconds, _ = median_time(call, device, repeats, warmup)
     return seconds, max(0, meter.rise - meter.made), result
 
 
-def _median_time(call: Callable[[], object], device: torch.device, repeats: int,
-                 warmup: int) -> tuple[float, object]:
+def median_time(call: Callable[[], object], device: torch.device, repeats: int,
+                warmup: int) -> tuple[float, object]:
     """(median seconds over `repeats` runs after `warmup`, the last run's result) of `call`."""
     for _ in range(warmup):
         call()
@@ -166,7 +166,7 @@ def measure_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule, feed: Feed,
     def timed(node, call):
         if node.name not in ops:
             return call()
-        times[node.name], out = _median_time(call, device, repeats, warmup)
+        times[node.name], out = median_time(call, device, repeats, warmup)
         if progress:
             progress(len(times), len(ops))
         return out

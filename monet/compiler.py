@@ -35,6 +35,7 @@ from monet.graph import (
     inductor_fused,
     structure,
     tensor_spec,
+    write_time,
 )
 from monet.schedules import ScheduleFile, load_schedule
 from monet.solver import Problem, SolveSettings, validate
@@ -109,10 +110,12 @@ class Backend:
         # the random generators as it found them (the step's dropout masks stay eager's).
         with unset_fake_temporarily(), torch.random.fork_rng(
                 devices=[x.device for x in inputs if x.device.type == "cuda"][:1]):
-            problem = cost_graph(joint, analysis, Feed(region, inputs), self.cost_model, meta,
+            feed = Feed(region, inputs)
+            problem = cost_graph(joint, analysis, feed, self.cost_model, meta,
                                  implementations=self.settings.implementations or bool(self.settings.options),
                                  progress=lambda stage, done, total: progress(f"{name}: {stage}", done, total, ""))
-        problem = fused_reruns(problem, joint, inductor_fused(joint, analysis))
+            write = write_time(feed.device, self.cost_model)
+        problem = fused_reruns(problem, joint, inductor_fused(joint, analysis), write)
         if problem.choices:
             problem = problem.without(inductor_excluded(joint, analysis))
         schedule_file = solve_traced(problem, self.budget, name, self.settings,

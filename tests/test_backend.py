@@ -159,3 +159,29 @@ def test_pointwise_reruns_are_free_under_fusion():
         assert before.others[stats].recompute_time > 0 == after.others[stats].recompute_time
         assert after.pytorch.recompute_time == before.pytorch.recompute_time > 0
     assert fused_reruns(problem, step.graph_module).op_named(batch_norms[0].name) == batch_norms[0]
+
+
+def test_saving_what_only_fused_kernels_read_costs_its_write():
+    """fused_reruns with a write price: on the CNN's joint graph, a batch norm's output that only a ReLU
+    reads in the forward (Inductor writes it only to save it) costs its bytes times the price when saved;
+    what a convolution reads (written anyway) and what a convolution makes cost nothing to save."""
+    from monet.graph import TracedStep, analyze, costed_problem, fused_reruns, inductor_fused
+
+    model, shape = small_model("cnn")
+    with TracedStep(model, InputSpec(shape)) as step:
+        analysis = analyze(step.graph_module)
+    problem = costed_problem(step, analysis, "analytic", implementations=True)
+    priced = fused_reruns(problem, step.graph_module, inductor_fused(step.graph_module, analysis), 1e-10)
+    ops, normalised = priced.ops, 0
+    for t in priced.tensors:
+        if t.role != "activation":
+            continue
+        made_by, read_by = ops[t.producer].target, {ops[r].target for r in priced.readers[t.id]
+                                                    if ops[r].phase == "forward"}
+        if made_by == "aten._native_batch_norm_legit_functional.default" and read_by == {"aten.relu.default"}:
+            assert t.keep_time == pytest.approx(t.bytes * 1e-10) and t.bytes > 1000
+            normalised += 1
+        elif made_by == "aten.convolution.default" or "aten.convolution.default" in read_by:
+            assert t.keep_time == 0
+    assert normalised
+    assert not any(t.keep_time for t in fused_reruns(problem, step.graph_module).tensors)
