@@ -12,7 +12,8 @@ can measure them side by side:
 - `chen-sqrt`, `checkmate`: those schedules of monet's problem, run by monet's runtime;
 - `monet-checkpointing`, `monet`: monet's ILP without and with operator alternatives;
 - `monet-compiled`: `torch.compile(model, backend=monet.backend(budget))`: monet's ILP solved on the
-  compiled region's joint graph (profiled anew), its forward and backward compiled by Inductor.
+  compiled region's joint graph (profiled anew), its forward and backward compiled by Inductor; at
+  the `least` budget, `monet.backend("least")`: the least peak of the region's own problem.
 
 The four schedule competitors are the strategies of `monet.solver.strategies` by those names (the
 registry `monet pareto` sweeps); the others are not schedules and live here.
@@ -102,9 +103,9 @@ def compiled(model: nn.Module, share: float, example: Callable[[nn.Module], None
     return module
 
 
-def monet_compiled(model: nn.Module, budget: int, example: Callable[[nn.Module], None], settings: SolveSettings,
-                   cost_model: str) -> tuple[nn.Module, ScheduleFile]:
-    """torch.compile with monet's backend at `budget` bytes; `example(module)` runs one training step,
+def monet_compiled(model: nn.Module, budget: int | str, example: Callable[[nn.Module], None],
+                   settings: SolveSettings, cost_model: str) -> tuple[nn.Module, ScheduleFile]:
+    """torch.compile with monet's backend at `budget` (bytes, or 'least'); `example(module)` runs one training step,
     so the profiling, the solve and the compilation happen here (a solver error is raised as itself,
     not as Dynamo's wrapper of it). The schedule file is the first region's: the benchmark models
     compile to one."""
@@ -120,12 +121,15 @@ def monet_compiled(model: nn.Module, budget: int, example: Callable[[nn.Module],
 
 
 def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int, budgets: list[int], *,
-          starts: dict[int, Schedule] | None = None, families: tuple[str, ...] = FAMILIES, time_limit: float,
+          starts: dict[int, Schedule] | None = None, least: int | None = None,
+          families: tuple[str, ...] = FAMILIES, time_limit: float,
           example: Callable[[nn.Module], None], cost_model: str = "measured",
           log: Callable[[str], None] = print) -> list[Entry]:
     """Every competitor in `families`, over deep copies of `model`, at each budget for those that
     take one. `problem` is the model's traced problem, whose keep-all schedule peaks at `full_peak`;
-    `starts` gives schedules (of monet's joint search) that fit some budgets, where it starts."""
+    `starts` gives schedules (of monet's joint search) that fit some budgets, where it starts. `least`,
+    the least peak monet's search found on `problem`, is a budget that monet-compiled replaces by its
+    own least (`monet.backend("least")`: its region's problem counts Inductor's fusions)."""
     starts = starts or {}
     shape = tuple(problem.meta["input"]["shape"])
     model_name = type(model).__name__
@@ -165,7 +169,10 @@ def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int,
     entries = []
     for family in families:
         for budget in budgets if family in BUDGETED else [None]:
-            name = family if budget is None else f"{family}@{100 * budget / full_peak:.3g}%"
+            if family == "monet-compiled" and budget == least:
+                budget = "least"
+            name = (family if budget is None else f"{family}@least" if budget == "least"
+                    else f"{family}@{100 * budget / full_peak:.3g}%")
             entries.append(_entry(name, family, budget, makers[family]))
             log(f"{name}: {entries[-1].status}")
     return entries
@@ -175,20 +182,22 @@ class NotApplicable(Exception):
     """The competitor does not apply to this model."""
 
 
-def _entry(name: str, family: str, budget: int | None,
+def _entry(name: str, family: str, budget: int | str | None,
            make: Callable[..., tuple[nn.Module, ScheduleFile | None]]) -> Entry:
-    """Build one competitor; a failure to build is its row's status, not a crash of the benchmark."""
+    """Build one competitor; a failure to build is its row's status, not a crash of the benchmark.
+    Budget 'least' is recorded as the bytes its schedule file was solved at (None where none was)."""
+    known = None if budget == "least" else budget
     try:
         module, made = make() if budget is None else make(budget)
     except NotApplicable as exc:
-        return Entry(name, family, budget, None, f"n/a: {exc}")
+        return Entry(name, family, known, None, f"n/a: {exc}")
     except InfeasibleBudgetError as exc:
-        return Entry(name, family, budget, None, f"infeasible: {exc}")
+        return Entry(name, family, known, None, f"infeasible: {exc}")
     except SolverFailedError as exc:
-        return Entry(name, family, budget, None, f"no schedule: {exc}")
+        return Entry(name, family, known, None, f"no schedule: {exc}")
     except Exception as exc:  # noqa: BLE001 - a compiler or runtime failure is a result to report
-        return Entry(name, family, budget, None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        return Entry(name, family, known, None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     if made is None:
-        return Entry(name, family, budget, module, "ok")
-    return Entry(name, family, budget, module, made.solver.status,
+        return Entry(name, family, known, module, "ok")
+    return Entry(name, family, made.budget if budget == "least" else budget, module, made.solver.status,
                  (made.predicted.peak, made.predicted.time), made.solver.solve_time_s)

@@ -12,8 +12,8 @@ folder, each naming the machine.
     python -m benchmarks.run resnet50 --device cuda --batch 184   # MONeT's setting
 
 Budgets are percentages of the unconstrained peak as monet predicts it, byte sizes, or `least`
-(the least peak monet's solver reaches); torch.compile gets the same share as its
-activation_memory_budget.
+(the least peak monet's solver reaches; monet-compiled seeks its own there); torch.compile gets the
+same share as its activation_memory_budget.
 """
 
 from __future__ import annotations
@@ -44,19 +44,21 @@ def loss_fn(out: torch.Tensor) -> torch.Tensor:
 
 
 def resolve_budgets(texts: list[str], problem: Problem, full_peak: int,
-                    time_limit: float) -> tuple[list[int], dict[int, Schedule]]:
+                    time_limit: float) -> tuple[list[int], dict[int, Schedule], int | None]:
     """Budgets in bytes, ascending, without repeats; 'least' is the least peak monet's solver
-    finds, given with the schedule that reaches it (where monet's joint search then starts)."""
-    budgets, starts = set(), {}
+    finds, given with the schedule that reaches it (where monet's joint search then starts), and
+    returned on its own (None without 'least')."""
+    budgets, starts, found = set(), {}, None
     for text in texts:
         if text == "least":
             least = least_peak(problem, SolveSettings(time_limit=time_limit))
             budgets.add(least.found)
+            found = least.found
             if least.schedule is not None:
                 starts[least.found] = least.schedule
         else:
             budgets.add(parse_budget(text, full_peak))
-    return sorted(budgets), starts
+    return sorted(budgets), starts, found
 
 
 def input_shape(bench, quick: bool, batch: int | None) -> tuple[int, ...]:
@@ -78,7 +80,7 @@ def bench_model(name: str, args: argparse.Namespace) -> None:
     problem = cached_problem(bench, shape, cost_model=args.cost_model, device=args.device, cache=args.cache,
                              model=model)
     full = simulate(problem, keep_all(problem))
-    budgets, starts = resolve_budgets(args.budgets, problem, full.peak, args.time_limit)
+    budgets, starts, least = resolve_budgets(args.budgets, problem, full.peak, args.time_limit)
     console.log(f"{tag}: {len(problem.ops)} ops, unconstrained {full.peak / 2**20:.2f} MiB predicted; budgets "
                 + ", ".join(f"{b / full.peak:.0%}" for b in budgets))
 
@@ -86,7 +88,8 @@ def bench_model(name: str, args: argparse.Namespace) -> None:
         loss_fn(module(x)).backward()
         module.zero_grad(set_to_none=True)
 
-    entries = build(bench, model, problem, full.peak, budgets, starts=starts, families=tuple(args.competitors),
+    entries = build(bench, model, problem, full.peak, budgets, starts=starts, least=least,
+                    families=tuple(args.competitors),
                     time_limit=args.time_limit, example=example, cost_model=args.cost_model,
                     log=lambda m: console.log(f"{tag}: {m}"))
     console.log(f"{tag}: training {sum(e.module is not None for e in entries)} competitors side by side")

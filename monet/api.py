@@ -8,12 +8,12 @@ import warnings
 from typing import TYPE_CHECKING
 
 from monet.schedules import OptimizerSpec, ProblemFile, ScheduleFile, load_problem
-from monet.solver import Problem, Schedule, SolveSettings, keep_all, simulate
+from monet.solver import Problem, Schedule, SolveSettings, keep_all, least_peak, simulate
 from monet.solver import solve as solve_problem
 from monet.solver.options import settings_of
 from monet.solver.solve import Progress
 
-from .budget import parse_budget
+from .budget import is_least, parse_budget
 
 if TYPE_CHECKING:  # torch and monet.graph load where a model is traced: solving needs neither
     from torch import nn
@@ -74,7 +74,9 @@ def solve(model: nn.Module, inputs, budget: str | int | float, settings: SolveSe
     backward passes accumulate gradients before each optimizer step (the later ones run with the
     earlier gradients held).
 
-    `budget` is bytes, a size string ('4GiB') or a percentage of the unconstrained peak ('50%').
+    `budget` is bytes, a size string ('4GiB'), a percentage of the unconstrained peak ('50%'), or 'least':
+    the least peak the search finds within `time_limit`, then the fastest schedule there (in up to
+    `time_limit` more).
     With `implementations` the solver also chooses how ops run (ReLU/dropout masks, dropout
     replayed from its generator state, max-pool offsets, batch-norm reruns from saved statistics),
     jointly with what to keep; off, it only checkpoints.
@@ -103,16 +105,23 @@ def solve_traced(problem: Problem, budget: str | int | float, model_name: str, s
                  *, start: Schedule | ScheduleFile | None = None, progress: Progress | None = None,
                  **changes) -> ScheduleFile:
     """`solve` on an already traced and costed problem (to solve several variants of one);
-    `start`, a schedule of the same problem (or its file), is a starting point the result is no slower than."""
+    `start`, a schedule of the same problem (or its file), is a starting point the result is no slower than.
+    Budget 'least' first searches the least peak (`least_peak`, up to `time_limit`), then solves at it
+    from the schedule found there (up to `time_limit` more); the file records `least`."""
     settings = settings_of(settings, **changes)
     if isinstance(start, ScheduleFile):
         start = start.schedule.on(problem)
     unconstrained = simulate(problem, keep_all(problem))
+    least = is_least(budget)
+    if least:
+        found = least_peak(problem, settings, progress=progress, unconstrained=unconstrained)
+        budget, start = found.found, start if start is not None else found.schedule
     solution = solve_problem(problem, parse_budget(budget, unconstrained.peak), settings, start=start,
                              progress=progress, unconstrained=unconstrained)
     return ScheduleFile.from_solution(problem, solution, model_name, unconstrained=unconstrained,
                                       implementations=settings.implementations,
-                                      approximate_allowed=settings.allow_approximate)
+                                      approximate_allowed=settings.allow_approximate,
+                                      least=least or None)
 
 
 def profile(model: nn.Module, inputs, *, input_dtype: str | None = None, input_requires_grad: bool | None = None,

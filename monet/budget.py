@@ -1,4 +1,4 @@
-"""Budgets as people write them: '4GiB', '512 MB', '1.5G', '60%' or plain bytes."""
+"""Budgets as people write them: '4GiB', '512 MB', '1.5G', '60%', plain bytes, or 'least' where a solve takes it."""
 
 from __future__ import annotations
 
@@ -32,3 +32,15 @@ def parse_budget(text: str | int | float, unconstrained_peak: int) -> int:
     if value <= 0:
         raise ValueError(f"budget {text!r} must be positive")
     return int(value * _UNITS[unit])
+
+
+def is_least(budget: str | int | float) -> bool:
+    """Whether `budget` is 'least': the least peak the solver's search finds, at the least time there."""
+    return isinstance(budget, str) and budget.strip().lower() == "least"
+
+
+def check_budget(budget: str | int | float) -> None:
+    """A solve's budget checked for its form before any tracing or profiling: 'least', or a size or
+    percentage that parse_budget reads (a percentage is of the peak, known once traced)."""
+    if not is_least(budget):
+        parse_budget(budget, 1)

@@ -35,7 +35,7 @@ from monet.schedules import (
 from monet.schedules.optimizer import SHORT_NAMES, OptimizerSpec
 from monet.solver import FORMULATIONS, InfeasibleBudgetError, SolveSettings, format_bytes, keep_all, simulate
 
-from .budget import parse_budget
+from .budget import check_budget
 from .catalog import BUNDLED, check_model_name, input_dtype, load_inputs, load_model
 from .pareto import STRATEGIES, Point, check_strategies, parse_budget_range, sweep, title, write_results
 from .progress import interrupted, progress_display, wrote
@@ -188,8 +188,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="solve and train the bundled CNN at 50%% of its peak, next to PyTorch")
-    demo.add_argument("--budget", default="50%", help="budget, as bytes (4GiB) or %% of the unconstrained "
-                      "peak. Default: 50%%")
+    demo.add_argument("--budget", default="50%", help="budget, as bytes (4GiB), %% of the unconstrained "
+                      "peak, or 'least'. Default: 50%%")
     demo.add_argument("--input-shape", type=parse_shape, default=BUNDLED["cnn"].input_shape,
                       help="batch shape. Default: %(default)s")
     demo.add_argument("--steps", type=int, default=10, help="timed training steps per run. Default: 10")
@@ -198,7 +198,9 @@ def _parser() -> argparse.ArgumentParser:
     solve_p = sub.add_parser("solve", help="solve a schedule for a model, input shape and budget")
     _model_options(solve_p, "solve a problem file from `monet profile` instead of tracing MODEL here (input, "
                    "device and costs are the file's)")
-    solve_p.add_argument("--budget", required=True, help="bytes (4GiB, 512MB) or %% of the unconstrained peak")
+    solve_p.add_argument("--budget", required=True,
+                         help="bytes (4GiB, 512MB), %% of the unconstrained peak, or 'least' (the least peak the "
+                              "search finds in --time-limit, then the fastest schedule there in as long again)")
     solve_p.add_argument("-o", "--output", required=True, help="schedule file to write (JSON)")
     solve_p.add_argument("--ablation", action="store_true",
                          help="also solve with checkpointing alone on the same profile, start the joint "
@@ -254,7 +256,7 @@ def _check(args, *, output_folder: bool = False) -> None:
     if getattr(args, "model", None) is not None:
         check_model_name(args.model)
     if getattr(args, "budget", None) is not None:
-        parse_budget(args.budget, 1)  # its form; a percentage is of the peak, known once traced
+        check_budget(args.budget)
     if getattr(args, "time_limit", 1) <= 0:
         raise ValueError(f"--time-limit {args.time_limit:g} must be a positive number of seconds")
     if not 0 <= getattr(args, "gap", 0) < 100:

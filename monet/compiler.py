@@ -43,7 +43,7 @@ from monet.solver.options import settings_of
 from monet.solver.solve import Progress
 
 from .api import solve_traced
-from .budget import parse_budget
+from .budget import check_budget, is_least, parse_budget
 from .progress import progress_display
 from .runtime import ExecutionPlan, make_partition
 
@@ -54,7 +54,7 @@ class Backend:
 
     def __init__(self, budget: str | int | float, settings: SolveSettings, *, cost_model: str,
                  schedules: str | os.PathLike | None, progress: Progress | bool):
-        parse_budget(budget, 1)  # a budget that does not parse fails here, not inside torch.compile
+        check_budget(budget)  # a budget that does not parse fails here, not inside torch.compile
         self.budget, self.settings, self.cost_model = budget, settings, cost_model
         self.schedules = None if schedules is None else Path(schedules)
         self.progress = progress
@@ -99,7 +99,8 @@ class Backend:
         path = self.schedules / f"{analysis.fingerprint}.json" if self.schedules else None
         if path is not None and path.exists():
             saved = load_schedule(path)
-            if parse_budget(self.budget, saved.predicted.unconstrained_peak) == saved.budget:
+            if (saved.solver.least if is_least(self.budget)
+                    else parse_budget(self.budget, saved.predicted.unconstrained_peak) == saved.budget):
                 progress(f"{name}: reusing {path}", 0, None, "")
                 problem = structure(analysis, joint)
                 validate(problem, saved.schedule.on(problem))
@@ -164,10 +165,12 @@ def backend(budget: str | int | float, settings: SolveSettings | None = None, *,
     """A torch.compile backend that trains the model by monet schedules:
     `torch.compile(model, backend=monet.backend("50%"))`.
 
-    `budget` is what `monet.solve` takes (bytes, '4GiB', '50%'), applied to every compiled region on its
-    own: a percentage of that region's unconstrained peak, or bytes. A model without graph breaks is
-    one region, and the budget is the step's; with graph breaks, a warning says that the regions'
-    peaks add up (it counts the regions this backend compiled: use one backend per model).
+    `budget` is what `monet.solve` takes (bytes, '4GiB', '50%', 'least'), applied to every compiled region
+    on its own: a percentage of that region's unconstrained peak, bytes, or the least peak the search
+    finds for the region (its fusions counted, so it can differ from the least of `monet.solve`). A
+    model without graph breaks is one region, and the budget is the step's; with graph breaks, a warning
+    says that the regions' peaks add up (it counts the regions this backend compiled: use one backend
+    per model).
     `settings` and the keyword `changes` are the solve settings (`time_limit`, `implementations`,
     `options`, ...; see SolveSettings), `cost_model` how op times are known ("measured" here, on the
     region's real inputs, or "analytic"); reruns of pointwise ops (and, on CPU, batch norm reruns from
@@ -175,8 +178,8 @@ def backend(budget: str | int | float, settings: SolveSettings | None = None, *,
     Options that Inductor cannot run (dropout replayed from the generator state) are left out of the
     solve. `schedules`, a directory, keeps each region's schedule file, named after the region's graph
     fingerprint; a region whose file is there, solved at the same budget, reuses it without
-    profiling or solving. `progress`: True shows each region's profiling and solving on stderr,
-    False nothing, or a callback progress(stage, done, total, detail).
+    profiling or solving (with 'least', a file solved at 'least'). `progress`: True shows each region's
+    profiling and solving on stderr, False nothing, or a callback progress(stage, done, total, detail).
     Shapes must be static (`dynamic=False`): a schedule is solved for one shape. Peaks are predicted
     per ATen op, not per Inductor buffer; the backward is compiled in pieces cut where recomputations
     begin (graph.pieces), so that Inductor's fusion keeps the schedule's frees, and the compiled step can

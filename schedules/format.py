@@ -58,7 +58,7 @@ _SCHEMA = {
                 **{k: {"type": ["number", "null"]} for k in ("objective_s", "bound_s", "gap", "solve_time_s")},
                 "note": {"type": ["string", "null"]}, "warnings": {"type": "array", "items": {"type": "string"}},
                 "implementations": {"type": ["boolean", "null"]}, "approximate_allowed": {"type": ["boolean", "null"]},
-                "problem": {"type": ["string", "null"]},
+                "problem": {"type": ["string", "null"]}, "least": {"type": ["boolean", "null"]},
             },
         },
         "cost_model": {"enum": list(COST_MODELS)},

@@ -107,6 +107,7 @@ class SolverRecord:
     implementations: bool | None = None
     approximate_allowed: bool | None = None
     problem: str | None = None  # digest of the problem file it was solved from
+    least: bool | None = None  # solved at budget 'least': the least peak its search found
 
     def to_dict(self) -> dict:
         """The fields that say something (None and empty ones are left out)."""

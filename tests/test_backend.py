@@ -73,7 +73,8 @@ def test_dropout_replay_is_left_out_and_masks_are_eagers():
 def test_region_schedules_are_saved_and_reused(tmp_path):
     """With `schedules`, each region's schedule file is written under its graph's fingerprint; a
     later compile of the same graph at the same budget reuses it (no profiling, no solve) and trains
-    as the first did; another budget solves again and replaces it."""
+    as the first did; another budget solves again and replaces it, and so does 'least' (the least peak
+    the search finds), whose file a later 'least' reuses."""
     model, shape = small_model("mlp")
     x = small_batch("mlp")
     stages = []
@@ -96,6 +97,17 @@ def test_region_schedules_are_saved_and_reused(tmp_path):
     torch.compile(copy.deepcopy(model), backend=other)(x).sum().backward()
     assert any("solving" in s for s in stages)
     assert json.loads(path.read_text())["budget"] == other.regions[0].budget < first.regions[0].budget
+
+    # 'least' reuses only a file solved at 'least': the 45 % one is solved again, the least one is reused
+    for reused in (False, True):
+        stages.clear()
+        least = monet.backend("least", **FAST | {"progress": lambda stage, *_: stages.append(stage)},
+                              schedules=tmp_path)
+        torch._dynamo.reset()
+        torch.compile(copy.deepcopy(model), backend=least)(x).sum().backward()
+        assert all("reusing" in s for s in stages) == reused, stages
+        (region,) = least.regions
+        assert region.solver.least and region.predicted.peak <= region.budget <= other.regions[0].budget
 
 
 class _TwoRegions(torch.nn.Module):

@@ -64,3 +64,17 @@ def test_a_heuristic_result_says_so_how_far_from_its_bound_and_what_would_help(t
     assert f"its step time is {solver['gap']:.0%} above the bound" in note
     assert "What would help: a higher budget, --formulation general or a longer --horizon" in note
     assert solver["note"].endswith("a higher budget, `formulation='general'` or a longer `horizon`")  # library terms
+
+
+def test_budget_least_solves_at_the_least_peak_and_nothing_below_it_fits(tmp_path, capsys):
+    """`--budget least`: the schedule file is solved at the least peak the search proves (recorded as
+    `least`), far below the unconstrained peak; a byte less, the same command says that is below the least."""
+    least, full = problem_file(chain(30), tmp_path / "chain.json", "Chain30")
+    code, out, err = solve(capsys, tmp_path / "chain.json", "least", tmp_path / "least.json", "--time-limit", "10")
+    assert code == 0, err
+    written = json.loads((tmp_path / "least.json").read_text())
+    assert written["solver"]["least"] is True
+    assert written["budget"] == least and written["predicted"]["peak"] <= least < full / 4
+    code, out, err = solve(capsys, tmp_path / "chain.json", least - 1, tmp_path / "below.json", "--time-limit", "10")
+    assert code == 2 and f"below the least feasible peak {least} B" in " ".join(err.split()), err
+    assert not (tmp_path / "below.json").exists()
