@@ -34,7 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from rich.console import Console
 
+from monet.progress import progress_display
 from monet.solver import SolveSettings
 
 FOLDER = Path(__file__).resolve().parents[2] / "shared" / "monet-instances"
@@ -224,9 +226,10 @@ def replay_check(inst: Instance) -> dict:
             "peak_at": replay.peak_at, "notes": notes}
 
 
-def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = EFFORT, workers: int = WORKERS) -> dict:
+def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = EFFORT, workers: int = WORKERS,
+                   progress=None) -> dict:
     """monet's solve of the converted instance (SETTINGS, or its model's LADDERS, in `workers` processes):
-    objective and bound in 0.01 ms, or what failed."""
+    objective and bound in 0.01 ms, or what failed. `progress` (monet.api's Progress) hears the solver."""
     from monet.solver import solve
     from monet.solver.solve import STALL_SHARE
 
@@ -238,11 +241,12 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
                                                      workers=workers)
     record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit,
               "heuristic_effort": heuristic_effort, "workers": workers, "stall_share": STALL_SHARE,
+              "neighbourhoods_free_options": workers > 1,
               "in_place": len(converted.place_choice), "intermediate_reruns": len(converted.rerun_intermediates),
               "formulation": ",".join(settings.formulation),
               "horizon": ",".join(str(h).lower() for h in settings.horizon)}
     try:
-        sol = solve(converted.problem, budget_bytes(inst), settings)
+        sol = solve(converted.problem, budget_bytes(inst), settings, progress=progress)
     except Exception as exc:  # an infeasible or failed solve is a result to report
         record.update(status=type(exc).__name__, message=str(exc)[:300], seconds=time.perf_counter() - began)
         return record
@@ -291,6 +295,8 @@ def table(folder: Path, solves: dict | None = None) -> str:
             effort += f", {rec['workers']} processes"
         if rec.get("stall_share"):
             effort += ", stalled rungs stop"
+        if rec.get("neighbourhoods_free_options"):
+            effort += ", neighbourhoods free every option"
         if rec.get("in_place"):
             effort += f", {rec['in_place']} in-place choices"
         if rec.get("intermediate_reruns"):
@@ -337,7 +343,10 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             if args.deadline is not None and time.perf_counter() - began > args.deadline:
                 break
-            record = solve_instance(inst, limit, args.heuristic_effort, args.workers)
+            named = f"{inst.model} {inst.budget_gb:g} GB, {limit:g} s: "
+            with progress_display(Console(stderr=True)) as progress:
+                record = solve_instance(inst, limit, args.heuristic_effort, args.workers,
+                                        lambda stage, *state, named=named: progress(named + stage, *state))
             print(json.dumps(record), flush=True)
             with args.solves.open("a") as file:
                 file.write(json.dumps(record) + "\n")
@@ -350,8 +359,11 @@ def main(argv: list[str] | None = None) -> None:
             "cell says \"stalled rungs stop\", a rung before the last stops after a third of its share without a "
             "better schedule), "
             "HiGHS's heuristic effort and, where a cell says \"2 processes\", a neighbourhood search beside the "
-            "search in a second process (one solve at a time then). Where a cell names \"in-place choices\", the "
-            "conversion offered MONeT's in-place ReLUs as choices, and where it says \"intermediates may rerun\", "
+            "search in a second process (one solve at a time then; where it says \"neighbourhoods free every "
+            "option\", each piece of that search freed how every op runs, and the ladder's rungs started from its "
+            "schedules where faster; before, a piece freed only the choices of the ops it freed). Where a cell "
+            "names \"in-place choices\", the conversion offered MONeT's in-place ReLUs as choices, and where it "
+            "says \"intermediates may rerun\", "
             "MONeT's intermediate nodes (masks, pool indices) could rerun under their path; a cell without them "
             "solved a conversion before it did (every schedule of that one is a schedule of this one). "
             "\"Gurobi's schedule "

@@ -198,18 +198,12 @@ class General(Formulation):
 
     def owners(self) -> dict[int, frozenset[int]]:
         """Binary variable -> the ops whose decisions it belongs to: s[t] and S[t,k] to t's producer,
-        R[o,k] to o, an option to its choice's ops and the producers of what they read. A
-        neighbourhood search (solver/polish.py) frees the variables of a few forward ops."""
+        R[o,k] to o. Options (how ops run) belong to no op: a neighbourhood search (solver/polish.py)
+        frees the variables of a few forward ops, and every option, in each piece."""
         problem = self.problem
         owners = {var: frozenset((problem.tensors[t].producer,)) for t, var in self.saved.items()}
         owners.update({var: frozenset((problem.tensors[t].producer,)) for (t, _), var in self.held.items()})
         owners.update({var: frozenset((o,)) for (o, _), var in self.rerun.items()})
-        ops_of: dict[str, set[int]] = {}
-        for op in problem.ops:
-            if op.choice is not None:
-                ops_of.setdefault(op.choice, set()).update(
-                    (op.id, *(problem.tensors[t].producer for t in op.inputs)))
-        owners.update({var: frozenset(ops_of.get(c, ())) for (c, _), var in self.option_var.items()})
         return owners
 
     def reruns(self, values: np.ndarray) -> dict[int, list[int]]:

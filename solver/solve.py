@@ -308,17 +308,20 @@ def _rung_text(formulation: str, horizon: int | None | str, settings: SolveSetti
 def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
             baseline: tuple[Schedule, Replay], beside: Beside | None) -> Solution:
     """`solve` at each rung of the ladder (see _rungs) in turn, each on an equal share of the time left and
-    started from the best schedule so far, all but the last stopped where they stall (STALL_SHARE); the last
-    solution, which is no slower than any before it."""
+    started from the best schedule so far (a neighbourhood search's beside it where that is faster), all but
+    the last stopped where they stall (STALL_SHARE); the last solution, which is no slower than any before it."""
     rungs = _rungs(settings)
     began, best, warnings = time.perf_counter(), None, []
     for i, (formulation, horizon) in enumerate(rungs):
         share = (settings.time_limit - (time.perf_counter() - began)) / (len(rungs) - i)
         last = i == len(rungs) - 1
+        rung_start = best.schedule if best else start
+        if best is not None and beside is not None and (found := beside.fastest()) is not None:
+            rung_start = found[0] if found[1].time < best.replay.time else rung_start
         try:
             solution = _solve(problem, budget,
                               settings.but(time_limit=max(1.0, share), formulation=formulation, horizon=horizon),
-                              best.schedule if best else start, progress, baseline, explain=last,
+                              rung_start, progress, baseline, explain=last,
                               label=_rung_text(formulation, horizon, settings), alone=best is None, beside=beside,
                               stall=None if last else STALL_SHARE * share)
         except (_NoSchedule, SolverFailedError):
