@@ -316,8 +316,9 @@ def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Sched
         share = (settings.time_limit - (time.perf_counter() - began)) / (len(rungs) - i)
         last = i == len(rungs) - 1
         rung_start = best.schedule if best else start
-        if best is not None and beside is not None and (found := beside.fastest()) is not None:
-            rung_start = found[0] if found[1].time < best.replay.time else rung_start
+        found = beside.fastest() if best is not None and beside is not None else None
+        if found is not None and found[1].time < best.replay.time:
+            rung_start = found[0]
         try:
             solution = _solve(problem, budget,
                               settings.but(time_limit=max(1.0, share), formulation=formulation, horizon=horizon),
