@@ -151,7 +151,8 @@ class Formulation:
         return [(x, 1.0)]
 
     def add_stage(self, k: int, held: Terms, candidates: list[int], ran: Callable[[int], Terms],
-                  cost: Callable[[int, Terms], list[tuple[float, Terms]]]) -> None:
+                  cost: Callable[[int, Terms], list[tuple[float, Terms]]],
+                  leaving: list[tuple[int, Terms]] = ()) -> None:
         """Memory rows for every moment of stage k: each candidate rerun in forward order, then
         backward op k. `held`: bytes of copies made before the stage and still needed in it;
         `ran(o)`: terms equal to 1 when o reruns here;
@@ -159,7 +160,10 @@ class Formulation:
         memory row that must hold. `held` and `cost`'s terms are in memory units (see `units`),
         `cost`'s constants in bytes.
         A running sum tracks the bytes this stage's reruns made: an output counts until its last
-        forward reader among the candidates has run, then only if it is kept after."""
+        forward reader among the candidates has run, then only if it is kept after. `leaving`,
+        (tensor, terms equal to 1 when its copy is among `held`), likewise stops counting a held
+        copy after its last reader among the candidates unless it is kept after: a copy that only
+        this stage's reruns read is gone by the backward op, as the simulator frees it."""
         milp, problem = self.milp, self.problem
         fixed = self.stages.backward_fixed[k]
         held_var = milp.add_vars()
@@ -170,11 +174,15 @@ class Formulation:
             for u in problem.ops[o].outputs:
                 last = max((position[c] for c in problem.readers[u] if c in position), default=i)
                 releases[last].append((u, ran(o), self.kept_after(k, u, ran(o))))
+        for t, copy in leaving:
+            readers = [position[c] for c in problem.readers[t] if c in position]
+            if readers:
+                releases[max(readers)].append((t, copy, self.kept_after(k, t, copy)))
         running: Terms = []
         for i, o in enumerate(candidates):
             for constant, terms in cost(o, ran(o)):
                 self.add_memory([(held_var, 1.0)] + running + terms, fixed + constant)
-            after = milp.add_vars()
+            after = milp.add_vars(lower=-np.inf)  # below 0 once held copies have left
             row = [(after, -1.0)] + running + [(v, c * self.units(problem.out_bytes(problem.ops[o])))
                                                for v, c in ran(o)]
             for u, made, kept in releases[i]:
