@@ -1,7 +1,8 @@
 """The general formulation: a tensor may be recomputed in any number of stages.
 
 For every droppable forward tensor t that the backward may need, and every
-stage k in the window where it can be needed:
+stage k in the window where it can be needed (from where its op may first
+rerun, if earlier: an op's rerun for one output also makes the others):
   s[t]    t is saved at the end of the forward pass
   S[t,k]  a copy of t is held entering stage k
 and for every recomputable forward op o:
@@ -47,11 +48,16 @@ class General(Formulation):
         self._objective()
 
     def _variables(self) -> None:
-        """s[t], S[t,k] over t's window and R[o,k] over o's window."""
+        """s[t], S[t,k] over t's hold window and R[o,k] over o's window. A tensor's hold window starts
+        where its op may first rerun, where that is before the tensor's own window (an op with several
+        outputs reruns for the first one needed): the copy that rerun makes can be held until needed."""
         milp = self.milp
         self.saved = {t: milp.add_vars(binary=True) for t in sorted(self.tensor_window)}
+        producer = {t: self.problem.tensors[t].producer for t in self.tensor_window}
+        self.hold_window = {t: (min(a, self.window[producer[t]][0]) if producer[t] in self.window else a, b)
+                            for t, (a, b) in self.tensor_window.items()}
         self.held = {}
-        for t, (a, b) in sorted(self.tensor_window.items()):
+        for t, (a, b) in sorted(self.hold_window.items()):
             first = milp.add_vars(b - a + 1, binary=True)
             self.held.update({(t, k): first + k - a for k in range(a, b + 1)})
         self.rerun = {}
@@ -105,7 +111,7 @@ class General(Formulation):
     def _carry(self) -> None:
         """S[t,k+1] <= S[t,k] + R[op(t),k],  S[t,first] <= s[t]."""
         milp, tensors = self.milp, self.problem.tensors
-        for t, (a, b) in self.tensor_window.items():
+        for t, (a, b) in self.hold_window.items():
             milp.add_row([(self.held[(t, a)], 1.0), (self.saved[t], -1.0)], 0.0)
             for k in range(a, b):
                 terms = [(self.held[(t, k + 1)], 1.0), (self.held[(t, k)], -1.0)]
@@ -132,7 +138,7 @@ class General(Formulation):
         stages, tensors = self.stages, self.problem.tensors
         held: list[Terms] = [[] for _ in range(stages.count)]
         leaving: list[list[tuple[int, Terms]]] = [[] for _ in range(stages.count)]
-        for t, (a, b) in self.tensor_window.items():
+        for t, (a, b) in self.hold_window.items():
             for k in range(a):
                 held[k].append((self.saved[t], self.units(tensors[t].bytes)))
             for k in range(a, b + 1):
@@ -191,7 +197,7 @@ class General(Formulation):
         values = self.option_values(schedule.options)
         values.update({var: float(t in schedule.saved) for t, var in self.saved.items()})
         values.update({var: float(k in ran.get(o, ())) for (o, k), var in self.rerun.items()})
-        for t, (a, b) in self.tensor_window.items():
+        for t, (a, b) in self.hold_window.items():
             remade = ran.get(self.problem.tensors[t].producer, set())
             needed = False  # walking back from the window's end: read at k or later, before a rerun
             for k in range(b, a - 1, -1):

@@ -569,3 +569,25 @@ def test_a_stalled_search_stops_as_at_its_time_limit():
     assert time.perf_counter() - began < 20
     assert result.status == "time_limit" and result.values is not None
     assert result.bound <= result.objective < 0 and result.gap > 0
+
+
+def test_a_rerun_for_one_output_holds_the_others_until_they_are_needed():
+    """random_dag(6, 12): f0 makes a0 and aux0. The schedule reruns f0 where b_f5 needs a0 and holds aux0
+    from that rerun until b_f0 reads it, three stages later. The general formulation poses it at its replayed
+    peak and time; before, it held aux0 only over aux0's own window, so that schedule was not one of its
+    solutions (as a start HiGHS refused it; its schedules reran f0 again at b_f0, a rerun the simulator prunes)."""
+    p = random_dag(6, 12)
+    schedule = Schedule.from_names(p, ["a4", "a5", "a6", "a9"],
+                                   ["b_f11", "b_f9", "b_f6", "f0", "f1", "b_f5", "b_f4", "b_f1", "b_f0"])
+    assert [p.ops[i].name for i in schedule.recomputations(p)] == ["f0", "f1"]
+    replay = simulate(p, schedule)
+    least = General(p, None, None)  # the peak as the objective, every decision held at the schedule's
+    values = least.warm_from(schedule)
+    priced = least.milp.solve(time_limit=10, warm=values, fixed=values)
+    assert priced.status == "optimal"
+    assert priced.values[least.memory.peak] * least.memory.unit == pytest.approx(replay.peak, rel=1e-9)
+    within = General(p, replay.peak + 1, None)
+    values = within.warm_from(schedule)
+    priced = within.milp.solve(time_limit=10, warm=values, fixed=values)
+    assert priced.status == "optimal" and priced.warm == "accepted"
+    assert within.fixed_time + priced.objective / 1e3 == pytest.approx(replay.time, rel=1e-9)
