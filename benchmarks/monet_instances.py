@@ -241,7 +241,7 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
                                                      workers=workers)
     record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit,
               "heuristic_effort": heuristic_effort, "workers": workers, "stall_share": STALL_SHARE,
-              "neighbourhoods_free_options": workers > 1, "copies_held_as_replayed": True,
+              "neighbourhoods_free_options": workers > 1,
               "in_place": len(converted.place_choice), "intermediate_reruns": len(converted.rerun_intermediates),
               "formulation": ",".join(settings.formulation),
               "horizon": ",".join(str(h).lower() for h in settings.horizon)}
@@ -297,8 +297,6 @@ def table(folder: Path, solves: dict | None = None) -> str:
             effort += ", stalled rungs stop"
         if rec.get("neighbourhoods_free_options"):
             effort += ", neighbourhoods free every option"
-        if rec.get("copies_held_as_replayed"):
-            effort += ", copies held as replayed"
         if rec.get("in_place"):
             effort += f", {rec['in_place']} in-place choices"
         if rec.get("intermediate_reruns"):
@@ -363,11 +361,7 @@ def main(argv: list[str] | None = None) -> None:
             "HiGHS's heuristic effort and, where a cell says \"2 processes\", a neighbourhood search beside the "
             "search in a second process (one solve at a time then; where it says \"neighbourhoods free every "
             "option\", each piece of that search freed how every op runs, and the ladder's rungs started from its "
-            "schedules where faster; before, a piece freed only the choices of the ops it freed; where it says "
-            "\"copies held as replayed\", the formulations stopped counting a copy held into a stage after its last "
-            "reader there when nothing later needs it, and the general one held the other outputs of an op rerun "
-            "for one of them until needed, both as the simulator does; before, such a copy counted to the stage's "
-            "end, which priced Gurobi's schedules up to 22 % of the budget over their replayed peaks). Where a cell "
+            "schedules where faster; before, a piece freed only the choices of the ops it freed). Where a cell "
             "names \"in-place choices\", the conversion offered MONeT's in-place ReLUs as choices, and where it "
             "says \"intermediates may rerun\", "
             "MONeT's intermediate nodes (masks, pool indices) could rerun under their path; a cell without them "

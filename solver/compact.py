@@ -170,17 +170,14 @@ class Compact(Formulation):
                 for k in range(self.window[c][0], self.window[c][1] + 1):  # c reruns at k, so t is needed at k
                     milp.add_row(self._ran_here(c, k) + [(Q(t, k), -1.0)], 0.0)
 
-    def _held(self) -> tuple[list[Terms], list[list[tuple[int, list[Terms]]]]]:
+    def _held(self) -> list[Terms]:
         """Per stage k, entering: copies made before it that are still needed (the saved copy of a
-        kept tensor, or a copy rerun in an earlier stage), as terms of their bytes in memory units,
-        and (tensor, bounds) for those in its window, which leave within the stage where only its
-        reruns read them (Formulation.add_stage).
+        kept tensor, or a copy rerun in an earlier stage), as terms of their bytes in memory units.
         Before t's op can have rerun and before t's window, only the saved copy can be held, and
         whether it is needed does not change: one term (1 - d[t], or max(0, Q[t,a] - d[t]) when
         no read is sure) counts it over those stages, gathered per stage by a running sum."""
         milp, stages, P, Q = self.milp, self.stages, self._P, self._Q
         held_terms: list[Terms] = [[] for _ in range(stages.count)]
-        leaving: list[list[tuple[int, list[Terms]]]] = [[] for _ in range(stages.count)]
         saved_from: list[Terms] = [[] for _ in range(stages.count + 1)]  # saved copies counted below stage k
         for t, (a, b) in self.tensor_window.items():
             o, size = self.problem.tensors[t].producer, self.units(self.problem.tensors[t].bytes)
@@ -197,30 +194,26 @@ class Compact(Formulation):
                 if P(o, k - 1) is not None:
                     milp.add_row([(P(o, k - 1), 1.0), (Q(t, k), 1.0), (h, -1.0)], 1.0)
                 held_terms[k].append((h, size))
-                if k > self._surely[t]:  # gone only if held and needed at k only: <= h, Q[t,k] - Q[t,k+1]
-                    leaving[k].append((t, [[(h, 1.0)], [(Q(t, k), 1.0), (Q(t, k + 1), -1.0)]]))
         below: Terms = []
         for k in range(stages.count - 1, -1, -1):
             saved_before = milp.add_vars()
             milp.add_row(below + saved_from[k + 1] + [(saved_before, -1.0)], 0.0)
             held_terms[k].append((saved_before, 1.0))
             below = [(saved_before, 1.0)]
-        return held_terms, leaving
+        return held_terms
 
     # ---- memory rows and objective -----------------------------------------
     def needed_after(self, t: int, k: int) -> Terms:
         return [(self._Q(t, k + 1), 1.0)]
 
-    def _stage_rows(self, held: tuple[list[Terms], list[list[tuple[int, list[Terms]]]]]) -> None:
+    def _stage_rows(self, held: list[Terms]) -> None:
         """Memory rows at every moment of every backward stage (see Formulation.add_stage)."""
         candidates: list[list[int]] = [[] for _ in range(self.stages.count)]
         for o, (a, b) in sorted(self.window.items()):
             for k in range(a, b + 1):
                 candidates[k].append(o)
-        held_terms, leaving = held
         for k in range(self.stages.count):
-            self.add_stage(k, held_terms[k], candidates[k], lambda o, k=k: self._ran_here(o, k), self._cost_rows,
-                           leaving[k])
+            self.add_stage(k, held[k], candidates[k], lambda o, k=k: self._ran_here(o, k), self._cost_rows)
 
     def _forward_rows(self) -> None:
         """Memory rows at every forward op: what is live, less the saved tensors dropped."""

@@ -150,26 +150,8 @@ class Formulation:
             milp.add_row(made + later + [(x, -1.0)], 1.0)
         return [(x, 1.0)]
 
-    def leaves(self, t: int, k: int, bounds: list[Terms]) -> Terms:
-        """Terms equal to 1 when the copy of t held into stage k is gone after its last reader among
-        the stage's reruns: a variable at most each of `bounds` (terms that are 0 unless the copy is
-        held and no later stage needs it), and 0 where backward op k reads t ([] where it always does).
-        Bounds of that shape are tighter in the LP relaxation than a product of held and not needed
-        where the op does not rerun in the stage."""
-        if k in self.stages.read_at.get(t, ()) and (t, k) not in self.stages.read_only_under:
-            return []
-        milp = self.milp
-        left = milp.add_vars(upper=1.0)
-        for terms in bounds:
-            milp.add_row([(left, 1.0)] + [(v, -c) for v, c in terms], 0.0)
-        condition = self.reads_if(t, k)
-        if condition:
-            milp.add_row([(left, 1.0)] + condition, 1.0)
-        return [(left, 1.0)]
-
     def add_stage(self, k: int, held: Terms, candidates: list[int], ran: Callable[[int], Terms],
-                  cost: Callable[[int, Terms], list[tuple[float, Terms]]],
-                  leaving: list[tuple[int, list[Terms]]] = ()) -> None:
+                  cost: Callable[[int, Terms], list[tuple[float, Terms]]]) -> None:
         """Memory rows for every moment of stage k: each candidate rerun in forward order, then
         backward op k. `held`: bytes of copies made before the stage and still needed in it;
         `ran(o)`: terms equal to 1 when o reruns here;
@@ -177,10 +159,7 @@ class Formulation:
         memory row that must hold. `held` and `cost`'s terms are in memory units (see `units`),
         `cost`'s constants in bytes.
         A running sum tracks the bytes this stage's reruns made: an output counts until its last
-        forward reader among the candidates has run, then only if it is kept after. `leaving`,
-        (tensor, bounds) for copies among `held`, stops counting such a copy after its last reader
-        among the candidates where it leaves (see `leaves`): a copy that only this stage's reruns
-        read is gone by the backward op, as the simulator frees it."""
+        forward reader among the candidates has run, then only if it is kept after."""
         milp, problem = self.milp, self.problem
         fixed = self.stages.backward_fixed[k]
         held_var = milp.add_vars()
@@ -191,16 +170,11 @@ class Formulation:
             for u in problem.ops[o].outputs:
                 last = max((position[c] for c in problem.readers[u] if c in position), default=i)
                 releases[last].append((u, ran(o), self.kept_after(k, u, ran(o))))
-        for t, bounds in leaving:
-            readers = [position[c] for c in problem.readers[t] if c in position]
-            left = self.leaves(t, k, bounds) if readers else []
-            if left:
-                releases[max(readers)].append((t, left, []))
         running: Terms = []
         for i, o in enumerate(candidates):
             for constant, terms in cost(o, ran(o)):
                 self.add_memory([(held_var, 1.0)] + running + terms, fixed + constant)
-            after = milp.add_vars(lower=-np.inf)  # below 0 once held copies have left
+            after = milp.add_vars()
             row = [(after, -1.0)] + running + [(v, c * self.units(problem.out_bytes(problem.ops[o])))
                                                for v, c in ran(o)]
             for u, made, kept in releases[i]:

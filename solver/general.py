@@ -137,23 +137,16 @@ class General(Formulation):
         """Memory rows at every moment of every backward stage (see Formulation.add_stage)."""
         stages, tensors = self.stages, self.problem.tensors
         held: list[Terms] = [[] for _ in range(stages.count)]
-        leaving: list[list[tuple[int, list[Terms]]]] = [[] for _ in range(stages.count)]
         for t, (a, b) in self.hold_window.items():
             for k in range(a):
                 held[k].append((self.saved[t], self.units(tensors[t].bytes)))
             for k in range(a, b + 1):
                 held[k].append((self.held[(t, k)], self.units(tensors[t].bytes)))
-                # gone only if held, and carried on only as a copy rerun here: <= S[t,k], S[t,k] - S[t,k+1] + R[o,k]
-                copy = [(self.held[(t, k)], 1.0)]
-                later = [(self.held[(t, k + 1)], -1.0)] if (t, k + 1) in self.held else []
-                remade = [(self.rerun[key], 1.0)] if (key := (tensors[t].producer, k)) in self.rerun else []
-                leaving[k].append((t, [copy, copy + later + remade]))
         candidates: list[list[int]] = [[] for _ in range(stages.count)]
         for o, k in sorted(self.rerun):
             candidates[k].append(o)
         for k in range(stages.count):
-            self.add_stage(k, held[k], candidates[k], lambda o, k=k: [(self.rerun[(o, k)], 1.0)], self._cost_rows,
-                           leaving[k])
+            self.add_stage(k, held[k], candidates[k], lambda o, k=k: [(self.rerun[(o, k)], 1.0)], self._cost_rows)
 
     def _objective(self) -> None:
         """Each rerun's time under its op's option: the least of its options' on R[o,k], and what an

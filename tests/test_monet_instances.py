@@ -97,35 +97,3 @@ def test_gurobis_own_schedule_converts_and_replays_within_budget_and_its_objecti
     assert abs(replay.time / UNIT / expected - 1) < 1e-3
     in_place = [v for v, name in converted.place_choice.items() if schedule.options.get(name) == "in"]
     assert len(in_place) >= 1 and len(notes) == sum("ran in place in stages" in n for n in notes)
-
-
-UNET_5 = FOLDER / "solution_un_11_inplace_conv_multiway_newnode_5.00.pkl"
-VGG_9 = FOLDER / "solution_vgg16_176_inplace_conv_multiway_newnode_9.00.pkl"
-
-
-@pytest.mark.skipif(not UNET_5.exists(), reason="MONeT's instances are not in ../shared/monet-instances")
-@pytest.mark.parametrize("path", [UNET_5, VGG_9], ids=["unet-5GB", "vgg16-9GB"])
-def test_the_general_formulation_prices_gurobis_schedule_as_the_simulator_replays_it(path):
-    """A copy held into a stage and read there only by that stage's reruns stops counting after its last
-    reader, as the simulator frees it. Before, the general formulation priced Gurobi's schedules 11 %
-    (UNet 5 GB) and 22 % (VGG-16 9 GB) of the budget over their replayed peaks (measured): over the budget,
-    so no solve could reach them."""
-    from benchmarks.monet_convert import budget_bytes, convert, gurobi_schedule
-    from monet.solver import simulate
-    from monet.solver.general import General
-
-    instance = read_instance(path)
-    converted = convert(instance)
-    problem, budget = converted.problem, budget_bytes(instance)
-    schedule, _ = gurobi_schedule(instance, converted)
-    replay = simulate(problem, schedule)
-    least = General(problem, None, None)  # the peak as the objective: every decision held at the schedule's
-    values = least.warm_from(schedule)
-    priced = least.milp.solve(time_limit=60, warm=values, fixed=values)
-    assert priced.status == "optimal"
-    assert priced.values[least.memory.peak] * least.memory.unit == pytest.approx(replay.peak, rel=1e-6)
-    within = General(problem, budget, None)
-    values = within.warm_from(schedule)
-    priced = within.milp.solve(time_limit=60, warm=values, fixed=values)
-    assert priced.status == "optimal" and replay.peak <= budget
-    assert within.fixed_time + priced.objective / 1e3 == pytest.approx(replay.time, rel=1e-9)

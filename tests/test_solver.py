@@ -480,8 +480,8 @@ def test_a_budget_no_heuristic_schedule_meets_starts_from_the_least_peak_search(
 
 def test_a_neighbourhood_search_improves_a_schedule_the_whole_ilp_search_stops_at():
     """relu_chain(12) at 50 %: the compact formulation's optimum (58.7 s) is not the general one's; HiGHS on the
-    whole general formulation reached 57.5 s after 60 s (measured), the neighbourhood search 57.6 s in 3 s
-    (seeds 0-5: 57.6 or 58.4 s). Each piece holds the decisions of the ops it does not free at the start's values."""
+    whole general formulation had reached 58.4 s after 30 s (measured), the neighbourhood search 57.3 s in 3 s.
+    Each piece holds the decisions of the ops it does not free at the start's values."""
     p = relu_chain(12)
     budget = int(unconstrained(p) * 0.5)
     compact = solve(p, budget, formulation="compact", time_limit=10, gap=1e-9)
@@ -496,7 +496,7 @@ def test_a_neighbourhood_search_improves_a_schedule_the_whole_ilp_search_stops_a
     schedule, replay = found
     validate(p, schedule)
     assert replay == simulate(p, schedule) and replay.peak <= budget
-    assert replay.time < compact.replay.time - 0.5
+    assert replay.time < compact.replay.time - 1.0
 
 
 def _children() -> set[int]:
@@ -513,9 +513,9 @@ def _children() -> set[int]:
 
 
 def test_a_worker_beside_the_search_finds_what_the_search_stops_short_of():
-    """relu_chain(12) at 50 %: HiGHS on the whole general formulation reached 75.4 s in 6 s (measured; 57.5 s
-    in 60 s); a second process runs the neighbourhood search from the schedules the search finds meanwhile
-    (its start, then HiGHS's incumbents) and reached 57.6 s in the same 6 s. The solve returns the worker's
+    """relu_chain(12) at 50 %: HiGHS on the whole general formulation reached 61.7 s in 6 s (measured; 58.4 s
+    in 30 s); a second process runs the neighbourhood search from the schedules the search finds meanwhile
+    (its start, then HiGHS's incumbents) and reached 57.3 s in the same 6 s. The solve returns the worker's
     schedule as the general formulation's, and no worker outlives it."""
     p = relu_chain(12)
     budget = int(unconstrained(p) * 0.5)
