@@ -575,7 +575,7 @@ def test_a_rerun_for_one_output_holds_the_others_until_they_are_needed():
     """random_dag(6, 12): f0 makes a0 and aux0. The schedule reruns f0 where b_f5 needs a0 and holds aux0
     from that rerun until b_f0 reads it, three stages later. The general formulation poses it at its replayed
     peak and time; before, it held aux0 only over aux0's own window, so that schedule was not one of its
-    solutions (as a start HiGHS refused it; its schedules reran f0 again at b_f0, a rerun the simulator prunes)."""
+    solutions (with every decision held at it, HiGHS found the ILP infeasible)."""
     p = random_dag(6, 12)
     schedule = Schedule.from_names(p, ["a4", "a5", "a6", "a9"],
                                    ["b_f11", "b_f9", "b_f6", "f0", "f1", "b_f5", "b_f4", "b_f1", "b_f0"])
