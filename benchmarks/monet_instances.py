@@ -241,7 +241,7 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
                                                      workers=workers)
     record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit,
               "heuristic_effort": heuristic_effort, "workers": workers, "stall_share": STALL_SHARE,
-              "neighbourhoods_free_options": workers > 1,
+              "neighbourhoods_free_options": workers > 1, "fastest_kernels_first": True,
               "in_place": len(converted.place_choice), "intermediate_reruns": len(converted.rerun_intermediates),
               "formulation": ",".join(settings.formulation),
               "horizon": ",".join(str(h).lower() for h in settings.horizon)}
@@ -297,6 +297,8 @@ def table(folder: Path, solves: dict | None = None) -> str:
             effort += ", stalled rungs stop"
         if rec.get("neighbourhoods_free_options"):
             effort += ", neighbourhoods free every option"
+        if rec.get("fastest_kernels_first"):
+            effort += ", fastest kernels first"
         if rec.get("in_place"):
             effort += f", {rec['in_place']} in-place choices"
         if rec.get("intermediate_reruns"):

@@ -100,13 +100,18 @@ def free_reruns(problem: Problem, droppable: set[int]) -> frozenset[int]:
     return frozenset(t for t in droppable if problem.ops[problem.tensors[t].producer].pytorch.recompute_time == 0)
 
 
-def _per_choice(problem: Problem, allow_approximate: bool, key: Callable[[list, int], object]) -> dict[str, str]:
-    """Per choice, the option j (approximate ones only if allowed) with the least key(ops of the
-    choice, j); ties: the earlier option, PyTorch's own first."""
+def _ops_by_choice(problem: Problem) -> dict[str, list]:
     by_choice: dict[str, list] = {}
     for op in problem.ops:
         if op.choice is not None:
             by_choice.setdefault(op.choice, []).append(op)
+    return by_choice
+
+
+def _per_choice(problem: Problem, allow_approximate: bool, key: Callable[[list, int], object]) -> dict[str, str]:
+    """Per choice, the option j (approximate ones only if allowed) with the least key(ops of the
+    choice, j); ties: the earlier option, PyTorch's own first."""
+    by_choice = _ops_by_choice(problem)
     out = {}
     for choice in problem.choices:
         ops = by_choice.get(choice.name, [])
@@ -134,6 +139,27 @@ def rerun_options(problem: Problem, *, allow_approximate: bool = False) -> dict[
     free under Inductor)."""
     return _per_choice(problem, allow_approximate, lambda ops, j: sum(
         op.impl(j).recompute_time for op in ops if op.phase == "forward" and op.impl(j).runs))
+
+
+def fastest_kernels(problem: Problem, *, allow_approximate: bool = False) -> dict[str, str]:
+    """Per choice whose options differ only in time and workspace (convolution algorithms: what each
+    run reads, keeps and overwrites is the same), its fastest option; none where no such fastest option
+    takes more workspace than another (nothing to trade). A faster kernel costs memory only while its
+    ops run and the rest of the schedule has to make room for it, which a search that may also take
+    the leaner kernel rarely finds."""
+    by_choice = _ops_by_choice(problem)
+    out, trades = {}, False
+    for choice in problem.choices:
+        ops = by_choice.get(choice.name, [])
+        if not all(len({(i.inputs, i.keeps, i.runs, i.recomputable, i.overwrites) for i in op.impls}) == 1
+                   for op in ops):
+            continue
+        allowed = [j for j, name in enumerate(choice.options) if allow_approximate or name not in choice.approximate]
+        workspace = {j: max((op.impl(j).workspace for op in ops), default=0) for j in allowed}
+        fastest = min(allowed, key=lambda j: (sum(op.impl(j).time for op in ops), workspace[j], j))
+        trades = trades or any(workspace[j] < workspace[fastest] for j in allowed)
+        out[choice.name] = choice.options[fastest]
+    return out if trades else {}
 
 
 def best_first_need(problem: Problem, budget: int | None,

@@ -13,7 +13,7 @@ from .beside import Beside
 from .compact import Compact
 from .formulation import Formulation
 from .general import General
-from .heuristics import Start, lean_options, rerun_options, warm_starts
+from .heuristics import Start, fastest_kernels, lean_options, rerun_options, warm_starts
 from .options import SolveSettings, settings_of
 from .polish import SECONDS, neighbourhood_search
 from .problem import Problem
@@ -178,8 +178,12 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     implementations it first solves checkpointing alone on a third of the time limit and starts
     from that (in a ladder, at the first rung only: later rungs start from what beat it), where a
     heuristic schedule of checkpointing alone fits (without one, that third went to a search that
-    rarely found any: a BERT Adam step at 50 % ended heuristic, +34 %, at 15 s; now +11.5 %). It stops
-    when the predicted step time is proven within `gap` (relative) of the best possible in the
+    rarely found any: a BERT Adam step at 50 % ended heuristic, +34 %, at 15 s; now +11.5 %); when the
+    general formulation chooses implementations whose options trade time for workspace (convolution
+    algorithms: heuristics.fastest_kernels), it first solves with the fastest of them fixed on a third
+    of the time limit and starts from that where faster (in a ladder, at general rungs with reruns at
+    any distance only).
+    It stops when the predicted step time is proven within `gap` (relative) of the best possible in the
     formulation, or at `time_limit` seconds with the best schedule found and its proven gap (HiGHS
     can overrun it on the largest problems: README). Same input, same seed: same schedule, unless
     the time limit cuts the search.
@@ -323,7 +327,9 @@ def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Sched
             solution = _solve(problem, budget,
                               settings.but(time_limit=max(1.0, share), formulation=formulation, horizon=horizon),
                               rung_start, progress, baseline, explain=last,
-                              label=_rung_text(formulation, horizon, settings), alone=best is None, beside=beside,
+                              label=_rung_text(formulation, horizon, settings), alone=best is None,
+                              kernels_first=formulation == "general" and horizon is None,
+                              beside=beside,
                               stall=None if last else STALL_SHARE * share)
         except (_NoSchedule, SolverFailedError):
             if not last or best is not None:
@@ -345,14 +351,17 @@ class _NoSchedule(Exception):
 
 def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
            baseline: tuple[Schedule, Replay], *, explain: bool, label: str = "", seek: bool = True,
-           alone: bool = True, beside: Beside | None = None, stall: float | None = None) -> Solution:
+           alone: bool = True, kernels_first: bool = True, beside: Beside | None = None,
+           stall: float | None = None) -> Solution:
     """`solve` at one horizon; `baseline` is keep_all(problem, settings.options) and its replay. An
     infeasible budget raises InfeasibleBudgetError stating the least peak when `explain`, else
     _NoSchedule at once. Where no schedule at hand fits, a least-peak search finds one first (see
     _least_within) when `seek`; else _NoSchedule is raised at once, HiGHS not run without a start
     (checkpointing alone before the joint search: that search seeks one itself). `alone` lets the
     compact formulation, choosing implementations, solve checkpointing alone first (a ladder's later
-    rungs start from a schedule that already beats it).
+    rungs start from a schedule that already beats it); `kernels_first` lets the general formulation,
+    choosing implementations, solve with the fastest kernels fixed first (in a ladder, at its general rungs
+    with reruns at any distance only: on MONeT's UNet at 9 GB, the rung at 40 stages found nothing so).
     Stages are reported to `progress` named after `label`; `beside` hears of each schedule found (the
     starting one, HiGHS's incumbents). HiGHS stops where it finds no better schedule for `stall` seconds."""
     began = time.perf_counter()
@@ -372,6 +381,20 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
             alone = settings.but(formulation=kind, implementations=False, time_limit=time_limit / 3)
             given.append(_solve(problem, budget, alone, start, progress, (baseline, baseline_replay), explain=False,
                                 label=label + "checkpointing alone: ", seek=False).schedule)
+        except (_NoSchedule, SolverFailedError):
+            pass
+    fastest = {c: o for c, o in fastest_kernels(problem, allow_approximate=settings.allow_approximate).items()
+               if c not in fixed}
+    if kernels_first and kind == "general" and settings.implementations and fastest and not (
+            start is not None and all(start.options.get(c, problem.choice_named[c].options[0]) == o
+                                      for c, o in fastest.items())):
+        # The fastest kernels first, on a third of the time: with them fixed, HiGHS finds the room they need
+        # (MONeT's UNet at 9 GB: the search with them free stalled 0.6 % above the one it found so in 100 s).
+        try:
+            given.append(_solve(problem, budget, settings.but(formulation=kind, options={**options, **fastest},
+                                                              time_limit=time_limit / 3),
+                                start, progress, (baseline, baseline_replay), explain=False,
+                                label=label + "fastest kernels: ", seek=False).schedule)
         except (_NoSchedule, SolverFailedError):
             pass
     # The best schedule so far (a start given, or checkpointing alone's) that the simulator finds within

@@ -26,7 +26,7 @@ from monet.solver import (
 )
 from monet.solver.compact import Compact
 from monet.solver.general import General
-from monet.solver.heuristics import best_first_need, chen_candidates, recompute_at_first_need
+from monet.solver.heuristics import best_first_need, chen_candidates, fastest_kernels, recompute_at_first_need
 from monet.solver.polish import neighbourhood_search
 from monet.solver.stages import Stages
 
@@ -190,6 +190,30 @@ def test_choosing_implementations_never_costs_time_and_reaches_lower_budgets():
         solve(p, budget, implementations=False, formulation="compact")
     joint = solve(p, budget)
     assert joint.peak <= budget and set(joint.schedule.options.values()) == {"lean"}
+
+
+def test_fastest_kernels_are_the_choices_that_trade_time_for_workspace():
+    """relu_chain's algorithms differ only in time and workspace: their fastest options; its masks read
+    other tensors and norm_chain's reruns keep their statistics, so they are no kernels to fix."""
+    assert fastest_kernels(relu_chain(3)) == {"algo0": "fast", "algo1": "fast", "algo2": "fast"}
+    assert fastest_kernels(norm_chain(3)) == {}
+    lean_and_fast = relu_chain(2)  # "lean" made as fast as "fast": no option trades time for workspace
+    ops = [dataclasses.replace(op, others=(dataclasses.replace(op.others[0], time=op.pytorch.time),))
+           if op.choice and op.choice.startswith("algo") else op for op in lean_and_fast.ops]
+    assert fastest_kernels(dataclasses.replace(lean_and_fast, ops=tuple(ops))) == {}
+
+
+def test_the_general_formulation_tries_the_fastest_kernels_first():
+    """Choosing implementations, the general formulation first solves with the fastest kernels fixed and
+    starts from that schedule: it never returns a slower one, and progress names that stage."""
+    p = relu_chain(8)
+    budget = int(unconstrained(p) * 0.8)
+    stages = []
+    joint = solve(p, budget, formulation="general", horizon=None, time_limit=30,
+                  progress=lambda stage, *_: stages.append(stage))
+    fixed = solve(p, budget, formulation="general", horizon=None, time_limit=10, options=fastest_kernels(p))
+    assert any(stage.startswith("fastest kernels: ") for stage in stages)
+    assert joint.peak <= budget and joint.replay.time <= fixed.replay.time + 1e-9
 
 
 def test_approximate_options_only_when_allowed():
