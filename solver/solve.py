@@ -361,7 +361,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     compact formulation, choosing implementations, solve checkpointing alone first (a ladder's later
     rungs start from a schedule that already beats it); `kernels_first` lets the general formulation,
     choosing implementations, solve with the fastest kernels fixed first (in a ladder, at its general rungs
-    with reruns at any distance only: on MONeT's UNet at 9 GB, the rung at 40 stages found nothing so).
+    with reruns at any distance only: on MONeT's UNet at 9 GB, the rung at 40 stages found nothing faster so).
     Stages are reported to `progress` named after `label`; `beside` hears of each schedule found (the
     starting one, HiGHS's incumbents). HiGHS stops where it finds no better schedule for `stall` seconds."""
     began = time.perf_counter()
