@@ -384,8 +384,8 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         except (_NoSchedule, SolverFailedError):
             pass
     fastest = {c: o for c, o in fastest_kernels(problem, allow_approximate=settings.allow_approximate).items()
-               if c not in fixed}
-    if kernels_first and kind == "general" and settings.implementations and fastest and not (
+               if c not in fixed} if kernels_first and kind == "general" and settings.implementations else {}
+    if fastest and not (
             start is not None and all(start.options.get(c, problem.choice_named[c].options[0]) == o
                                       for c, o in fastest.items())):
         # The fastest kernels first, on a third of the time: with them fixed, HiGHS finds the room they need
