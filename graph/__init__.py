@@ -20,7 +20,7 @@ from .capture import (
     model_device,
     sharded_parameters,
 )
-from .cost_model import analytic_times, fused_reruns, write_time
+from .cost_model import analytic_times, channels_last_copies, fused_reruns, write_time
 from .example import Example, tensor_spec
 from .implementations import (
     RERUN,
@@ -91,7 +91,8 @@ __all__ = [
     "TracedStep", "UnsupportedGraphError",
     "compiled_options", "inductor_compile", "inductor_compile_backward", "inductor_excluded", "inductor_fused",
     "not_compiled", "rewrite", "structure",
-    "allocation_bytes", "analyze", "analytic_times", "cost_graph", "costed_problem", "fingerprint", "fused_reruns",
+    "allocation_bytes", "analyze", "analytic_times", "channels_last_copies", "cost_graph", "costed_problem",
+    "fingerprint", "fused_reruns",
     "write_time",
     "measure_times", "measure_workspace", "model_device", "sharded_parameters", "tensor_spec",
 ]

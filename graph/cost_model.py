@@ -96,3 +96,25 @@ def fused_reruns(problem: Problem, gm: torch.fx.GraphModule, options: dict[str, 
 
     tensors = tuple(replace(t, keep_time=t.bytes * write) if write and fused_away(t) else t for t in problem.tensors)
     return replace(problem, tensors=tensors, ops=tuple(map(priced, problem.ops)))
+
+
+def channels_last_copies(gm: torch.fx.GraphModule) -> int:
+    """Bytes of the channels-last copies that Inductor's layout optimization makes of the 4-D graph inputs
+    (convolution weights, the batch) that the forward's convolutions read, where Inductor optimizes
+    the layout of `gm` (a joint graph; on CPU, any graph with a convolution): the compiled forward makes
+    them at its start and returns them for the backward, so they are counted for the whole step, an
+    upper bound where the backward frees them early. A tensor already channels-last needs no copy."""
+    from torch._inductor import config
+    from torch._inductor.graph import GraphLowering
+
+    with config.patch(layout_optimization=True):
+        if not GraphLowering.decide_layout_opt(gm, is_inference=False):
+            return 0
+    copied = {}
+    for node in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.convolution.default):
+        for arg in node.args[:2]:
+            value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) and arg.op == "placeholder" else None
+            if (isinstance(value, torch.Tensor) and value.dim() == 4
+                    and not value.is_contiguous(memory_format=torch.channels_last)):
+                copied[arg.name] = value.numel() * value.element_size()
+    return sum(copied.values())

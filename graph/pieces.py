@@ -16,6 +16,9 @@ from collections.abc import Callable
 
 import torch
 from torch import fx
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 RECOMPUTED = "monet_recomputed"  # node.meta key: the partition's copy of a forward node, rerun in the backward
 
@@ -27,9 +30,14 @@ def compile_in_pieces(gm: fx.GraphModule, example_inputs, compile_piece: Callabl
     pieces = _pieces(gm)
     if len(pieces) < 2:
         return compile_piece(gm, example_inputs)
-    compiled = [(compile_piece(piece, [n.meta["val"] for n in piece.graph.find_nodes(op="placeholder")]), inputs,
-                 outputs) for piece, inputs, outputs in pieces]
     placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    values = dict(zip(placeholders, _fakes(example_inputs)))
+    compiled = []
+    for piece, inputs, outputs in pieces:
+        piece_inputs = [values[name] for name in inputs]
+        values.update(zip(outputs, FakeTensorProp(piece, _mode(piece_inputs)).propagate_dont_convert_inputs(
+            *piece_inputs)))
+        compiled.append((compile_piece(piece, piece_inputs), inputs, outputs))
     last_piece = {}
     for i, (_, inputs, _) in enumerate(compiled):
         for name in inputs:
@@ -50,6 +58,21 @@ def compile_in_pieces(gm: fx.GraphModule, example_inputs, compile_piece: Callabl
 
     run._boxed_call = True
     return run
+
+
+def _fakes(example_inputs) -> list:
+    """The backward's example inputs as fake tensors of one mode, with their strides: AOTAutograd hands
+    the backward the strides the compiled forward returns (channels-last where Inductor's layout
+    optimization chose it), which can differ from the joint trace's."""
+    mode = detect_fake_mode(example_inputs)
+    if mode is not None:
+        return list(example_inputs)
+    mode = FakeTensorMode()
+    return [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+
+
+def _mode(values: list) -> FakeTensorMode:
+    return detect_fake_mode(values) or FakeTensorMode()
 
 
 def _pieces(gm: fx.GraphModule) -> list[tuple[fx.GraphModule, list[str], list[str]]]:

@@ -11,6 +11,7 @@ the backward recomputes, how ops run. Inductor then compiles the forward and the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import warnings
@@ -27,6 +28,7 @@ from monet.graph import (
     Inputs,
     InputSpec,
     analyze,
+    channels_last_copies,
     cost_graph,
     fused_reruns,
     inductor_compile,
@@ -69,8 +71,9 @@ class Backend:
                 "schedule for fixed shapes. Compile with torch.compile(model, backend=monet.backend(...), "
                 "dynamic=False)")
         partition = functools.partial(self._partition, region, tuple(example_inputs))
-        return aot_autograd(fw_compiler=inductor_compile, bw_compiler=inductor_compile_backward, partition_fn=partition,
-                            keep_inference_input_mutations=True)(region, example_inputs)
+        return aot_autograd(fw_compiler=functools.partial(inductor_compile, layout_optimization=True),
+                            bw_compiler=functools.partial(inductor_compile_backward, layout_optimization=True),
+                            partition_fn=partition, keep_inference_input_mutations=True)(region, example_inputs)
 
     def _partition(self, region: torch.fx.GraphModule, inputs: tuple, joint: torch.fx.GraphModule, joint_inputs,
                    *, num_fwd_outputs: int, static_lifetime_input_indices=(), **_):
@@ -117,6 +120,7 @@ class Backend:
                                  progress=lambda stage, done, total: progress(f"{name}: {stage}", done, total, ""))
             write = write_time(feed.device, self.cost_model)
         problem = fused_reruns(problem, joint, inductor_fused(joint, analysis), write)
+        problem = dataclasses.replace(problem, held=problem.held + channels_last_copies(joint))
         if problem.choices:
             problem = problem.without(inductor_excluded(joint, analysis))
         schedule_file = solve_traced(problem, self.budget, name, self.settings,

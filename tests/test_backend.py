@@ -197,3 +197,23 @@ def test_saving_what_only_fused_kernels_read_costs_its_write():
             assert t.keep_time == 0
     assert normalised
     assert not any(t.keep_time for t in fused_reruns(problem, step.graph_module).tensors)
+
+
+def test_channels_last_copies_count_the_convolution_inputs_inductor_copies():
+    """channels_last_copies: on the CNN's joint graph (CPU: Inductor optimizes the layout of any graph with a
+    convolution), the bytes of every 4-D weight and batch a convolution reads that is not channels-last
+    already (a 1x1 weight is: it needs no copy); none for the MLP, which has no convolution. The backend
+    holds them for the whole step (the compiled forward makes them first and returns them for the backward)."""
+    from monet.graph import TracedStep, channels_last_copies
+
+    model, shape = small_model("cnn")
+    with TracedStep(model, InputSpec(shape)) as step:
+        copies = channels_last_copies(step.graph_module)
+    convolutions = [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    wide = [w for w in convolutions if w.shape[2] * w.shape[3] > 1]
+    assert len(wide) < len(convolutions)  # the CNN has 1x1 shortcut convolutions, which need no copy
+    batch = torch.Size(shape).numel() * 4
+    assert copies == batch + sum(w.numel() * w.element_size() for w in wide)
+    mlp, mlp_shape = small_model("mlp")
+    with TracedStep(mlp, InputSpec(mlp_shape)) as step:
+        assert channels_last_copies(step.graph_module) == 0
