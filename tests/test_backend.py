@@ -30,18 +30,20 @@ def _peak(module, model, x):
     return meter.peak
 
 
-def test_backend_trains_like_torch_compile_in_half_the_memory():
-    """The CNN compiled with a 50 % monet backend: gradients within Inductor's own rounding of eager's,
+def test_backend_trains_like_torch_compile_in_about_half_the_memory():
+    """The CNN compiled with a 52 % monet backend: gradients within Inductor's own rounding of eager's,
     the measured peak at most 0.6 of torch.compile's own, and near the prediction, which counts ATen
     ops, not Inductor's buffers: 5.5 to 8.4 % under the measurement here (README, "Compiled by
     Inductor"), so the bound is that with a margin, not the 3 % the uncompiled runtime meets. The
-    solve runs to a 2 % gap (the test took 40-48 s here; 196-213 s to the default 0.5 %): cut short by its
-    time limit it returns another schedule depending on the machine's load, and the heuristic one it falls
-    back on measured 17.5 % over."""
+    solve runs to a 2 % gap (34 s here; 196-213 s to the default 0.5 %): cut short by its time limit it
+    returns another schedule depending on the machine's load, and the heuristic one it falls back on
+    measured 17.5 % over. 52 %, not 50 %: the region's peak holds Inductor's channels-last copies
+    (0.86 MiB), and 52 % leaves the activations the room 50 % left without them; at 50 % the solve
+    stopped at 240 s 4 % from its bound."""
     model, shape = small_model("cnn")
     reference, plain = copy.deepcopy(model), copy.deepcopy(model)
     spec, x = InputSpec(shape), small_batch("cnn")
-    backend = monet.backend("50%", **{**FAST, "time_limit": 240, "gap": 0.02})
+    backend = monet.backend("52%", **{**FAST, "time_limit": 240, "gap": 0.02})
     compiled = compiled_module(model, spec, backend=backend)
     errors_within_rounding(gradient_errors(compiled, model, reference, x), inductor_rounding("cnn", spec))
     (region,) = backend.regions
