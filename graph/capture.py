@@ -111,13 +111,17 @@ class TracedStep:
     def buffer_names(self) -> list[str]:
         return list(self._joint.buffers_spec)
 
-    def compile(self, partition_fn, *, inductor: bool = False):
+    def compile(self, partition_fn, *, inductor: bool = False, layout_optimization: bool = False):
         """The training step as one callable `f(*params, *buffers, *args, **kwargs)` split by `partition_fn`; its
-        forward and backward run op by op as traced, or (`inductor`) compiled by Inductor."""
+        forward and backward run op by op as traced, or (`inductor`) compiled by Inductor, with its layout
+        optimization where `layout_optimization` (inductor_compile)."""
+        if not inductor:
+            return aot_compile_joint_with_descriptors(self._joint, partition_fn=partition_fn, fw_compiler=boxed_nop,
+                                                      bw_compiler=boxed_nop)
         return aot_compile_joint_with_descriptors(
-            self._joint, partition_fn=partition_fn, fw_compiler=inductor_compile if inductor else boxed_nop,
-            bw_compiler=inductor_compile_backward if inductor else boxed_nop
-        )
+            self._joint, partition_fn=partition_fn,
+            fw_compiler=functools.partial(inductor_compile, layout_optimization=layout_optimization),
+            bw_compiler=functools.partial(inductor_compile_backward, layout_optimization=layout_optimization))
 
     def close(self) -> None:
         self._stack.close()

@@ -40,7 +40,7 @@ from monet.graph import (
     write_time,
 )
 from monet.schedules import ScheduleFile, load_schedule
-from monet.solver import Problem, SolveSettings, validate
+from monet.solver import InfeasibleBudgetError, Problem, SolverFailedError, SolveSettings, format_bytes, validate
 from monet.solver.options import settings_of
 from monet.solver.solve import Progress
 
@@ -70,19 +70,27 @@ class Backend:
                 f"torch.compile passed this region inputs of symbolic shape (inputs {symbolic[:5]}): monet solves a "
                 "schedule for fixed shapes. Compile with torch.compile(model, backend=monet.backend(...), "
                 "dynamic=False)")
-        partition = functools.partial(self._partition, region, tuple(example_inputs))
-        return aot_autograd(fw_compiler=functools.partial(inductor_compile, layout_optimization=True),
-                            bw_compiler=functools.partial(inductor_compile_backward, layout_optimization=True),
-                            partition_fn=partition, keep_inference_input_mutations=True)(region, example_inputs)
+        layout = {"on": True}  # the partition says whether this region's schedule lets Inductor optimize the layout
 
-    def _partition(self, region: torch.fx.GraphModule, inputs: tuple, joint: torch.fx.GraphModule, joint_inputs,
-                   *, num_fwd_outputs: int, static_lifetime_input_indices=(), **_):
+        def forward(gm, example):  # (an inference region, never partitioned, compiles as torch.compile's would)
+            return inductor_compile(gm, example, layout_optimization=layout["on"])
+
+        def backward(gm, example):
+            return inductor_compile_backward(gm, example, layout_optimization=layout["on"])
+
+        partition = functools.partial(self._partition, region, tuple(example_inputs), layout)
+        return aot_autograd(fw_compiler=forward, bw_compiler=backward, partition_fn=partition,
+                            keep_inference_input_mutations=True)(region, example_inputs)
+
+    def _partition(self, region: torch.fx.GraphModule, inputs: tuple, layout: dict, joint: torch.fx.GraphModule,
+                   joint_inputs, *, num_fwd_outputs: int, static_lifetime_input_indices=(), **_):
         analysis = analyze(joint, num_fwd_outputs)
         name = f"torch.compile region {CompileContext.current_compile_id() or len(self.regions)}"
         with self._progress() as progress:
             schedule_file, problem = self._schedule(name, region, inputs, joint, analysis,
                                                     set(static_lifetime_input_indices or ()), progress)
         self.regions.append(schedule_file)
+        layout["on"] = schedule_file.layout_optimization
         if len(self.regions) == 2:
             warnings.warn(
                 "torch.compile split the model into several regions (graph breaks, or DistributedDataParallel's "
@@ -120,15 +128,36 @@ class Backend:
                                  progress=lambda stage, done, total: progress(f"{name}: {stage}", done, total, ""))
             write = write_time(feed.device, self.cost_model)
         problem = fused_reruns(problem, joint, inductor_fused(joint, analysis), write)
-        problem = dataclasses.replace(problem, held=problem.held + channels_last_copies(joint))
         if problem.choices:
             problem = problem.without(inductor_excluded(joint, analysis))
-        schedule_file = solve_traced(problem, self.budget, name, self.settings,
-                                     progress=lambda stage, *state: progress(f"{name}: {stage}", *state))
+        schedule_file, problem = self._solve(name, problem, channels_last_copies(joint), progress)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             schedule_file.save(path)
         return schedule_file, problem
+
+    def _solve(self, name: str, problem: Problem, copies: int, progress: Progress) -> tuple[ScheduleFile, Problem]:
+        """The region's schedule and the problem it solves. Where Inductor would run convolutions
+        channels-last (faster on CPU: torch.compile does), its layout optimization stays on and the
+        `copies` it makes (graph.channels_last_copies) are held for the whole step; where the budget is
+        'least', or the solve finds no schedule within it with them held, it is turned off and the problem
+        holds no copies."""
+        def solve(p: Problem) -> ScheduleFile:
+            return solve_traced(p, self.budget, name, self.settings,
+                                progress=lambda stage, *state: progress(f"{name}: {stage}", *state))
+
+        if copies and not is_least(self.budget):
+            laid_out = dataclasses.replace(problem, held=problem.held + copies,
+                                           meta=dict(problem.meta, layout_optimization=True))
+            try:
+                return solve(laid_out), laid_out
+            except (InfeasibleBudgetError, SolverFailedError):
+                warnings.warn(
+                    f"{name}: monet found no schedule within the budget {self.budget!r} with the channels-last "
+                    f"copies of convolution inputs that Inductor's layout optimization makes ({format_bytes(copies)}) "
+                    "held; it solves the region with that optimization off (no copies; convolutions in PyTorch's "
+                    "layout, slower on CPU)", stacklevel=2)
+        return solve(problem), problem
 
     def _progress(self):
         """The progress callback for one region's work, as `progress` asks: shown on stderr (True), none

@@ -83,7 +83,7 @@ class MONeTWrapper(nn.Module):
                                                                                   schedule.options))
             plan = ExecutionPlan.build(analysis, problem, schedule)
             run = step.compile(make_partition(plan, lambda fw, bw: graphs.update(forward=fw, backward=bw)),
-                               inductor=self._compile)
+                               inductor=self._compile, layout_optimization=schedule_file.layout_optimization)
             return _Step(schedule_file, spec, run, step.param_names, step.buffer_names, graphs, step.loss_only)
 
     def forward(self, *args, **kwargs):

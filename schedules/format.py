@@ -2,7 +2,8 @@
 
 A schedule file names the graph it was made for (a fingerprint and the list of
 its ops), the input and device (and the torch.autocast dtype, where it was traced under
-one), the budget and the prediction, how the solver did, and the decisions: how ops run
+one; and whether Inductor runs its convolutions channels-last, where monet's backend compiled it so),
+the budget and the prediction, how the solver did, and the decisions: how ops run
 (each choice's option, and which of those change gradients), the forward tensors to keep
 (with their sizes) and the backward sequence, in which every forward op is a recomputation.
 """
@@ -43,6 +44,7 @@ _SCHEMA = {
         "input": INPUT_SCHEMA,
         "device": {"enum": list(DEVICES)},
         "autocast": {"enum": list(AUTOCAST_DTYPES)},
+        "layout_optimization": {"type": "boolean"},
         "optimizer": OPTIMIZER_SCHEMA,
         "budget": {"type": "integer", "minimum": 0},
         "predicted": {
@@ -221,6 +223,7 @@ class ScheduleFile:
     schedule: Decisions
     autocast: str | None = None  # the dtype of the torch.autocast the step was traced and runs under
     optimizer: OptimizerSpec | None = None  # the optimizer whose update the budget and prediction cover
+    layout_optimization: bool = False  # Inductor's channels-last convolutions, their copies held (monet.backend)
     format: str = FORMAT
     version: int = VERSION
 
@@ -240,7 +243,8 @@ class ScheduleFile:
             graph=GraphRecord(meta["fingerprint"], tuple((op.name, op.target, op.phase) for op in problem.ops),
                               tuple(sorted({t.dtype for t in problem.tensors if t.role == "param" and t.dtype}))),
             schedule=Decisions.of(problem, schedule), autocast=meta.get("autocast"),
-            optimizer=OptimizerSpec.from_dict(meta["optimizer"]) if meta.get("optimizer") else None)
+            optimizer=OptimizerSpec.from_dict(meta["optimizer"]) if meta.get("optimizer") else None,
+            layout_optimization=bool(meta.get("layout_optimization")))
 
     @classmethod
     def from_solution(cls, problem: Problem, solution: Solution, model: str, *, unconstrained: Replay | None = None,
@@ -255,7 +259,8 @@ class ScheduleFile:
                 "predicted": asdict(self.predicted), "solver": self.solver.to_dict(), "cost_model": self.cost_model,
                 "graph": self.graph.to_dict(), "schedule": self.schedule.to_dict(), "format": self.format,
                 "version": self.version, **({"autocast": self.autocast} if self.autocast else {}),
-                **({"optimizer": self.optimizer.to_dict()} if self.optimizer else {})}
+                **({"optimizer": self.optimizer.to_dict()} if self.optimizer else {}),
+                **({"layout_optimization": True} if self.layout_optimization else {})}
 
     def save(self, path: str | os.PathLike) -> Path:
         return write_json(path, self.to_dict())
@@ -276,7 +281,8 @@ class ScheduleFile:
                        solver=SolverRecord.from_dict(data["solver"]), cost_model=data["cost_model"],
                        graph=GraphRecord.from_dict(data["graph"]), schedule=Decisions.from_dict(data["schedule"]),
                        autocast=data.get("autocast"),
-                       optimizer=OptimizerSpec.from_dict(data["optimizer"]) if "optimizer" in data else None)
+                       optimizer=OptimizerSpec.from_dict(data["optimizer"]) if "optimizer" in data else None,
+                       layout_optimization=data.get("layout_optimization", False))
         except jsonschema.ValidationError as exc:
             where = "/".join(map(str, exc.absolute_path)) or "top level"
             raise ScheduleFileError(f"{source} is corrupt at {where}: {exc.message}") from None

@@ -219,3 +219,40 @@ def test_channels_last_copies_count_the_convolution_inputs_inductor_copies():
     mlp, mlp_shape = small_model("mlp")
     with TracedStep(mlp, InputSpec(mlp_shape)) as step:
         assert channels_last_copies(step.graph_module) == 0
+
+
+def test_layout_optimization_is_turned_off_where_its_copies_do_not_fit(tmp_path):
+    """Inductor's layout optimization stays on where the budget fits its channels-last copies held, and
+    a saved schedule says so and is reused so; at 'least', and at a budget that the least peak with the
+    copies held exceeds (a warning says so), the backend turns it off and holds no copies. Gradients
+    stay within Inductor's rounding either way, and the schedule fits the budget."""
+    from monet.graph import TracedStep, channels_last_copies
+
+    model, shape = small_model("cnn")
+    spec, x = InputSpec(shape), small_batch("cnn")
+    rounding = inductor_rounding("cnn", spec)
+    with TracedStep(model, spec) as step:
+        copies = channels_last_copies(step.graph_module)
+    assert copies > 0
+
+    def train(backend):
+        torch._dynamo.reset()
+        trained = copy.deepcopy(model)
+        errors_within_rounding(gradient_errors(compiled_module(trained, spec, backend=backend), trained,
+                                               copy.deepcopy(model), x), rounding)
+        (region,) = backend.regions
+        assert region.predicted.peak <= region.budget
+        return region
+
+    laid_out = train(monet.backend("70%", **FAST, schedules=tmp_path))
+    assert laid_out.layout_optimization and json.loads(next(tmp_path.iterdir()).read_text())["layout_optimization"]
+    stages = []
+    assert train(monet.backend("70%", **FAST | {"progress": lambda s, *_: stages.append(s)}, schedules=tmp_path)) \
+        == laid_out and all("reusing" in s for s in stages)
+
+    least = train(monet.backend("least", **FAST))
+    assert not least.layout_optimization
+    between = least.predicted.peak + copies // 2  # fits without the copies; the least with them held is above it
+    with pytest.warns(UserWarning, match="with that optimization off"):
+        region = train(monet.backend(between, **FAST))
+    assert not region.layout_optimization and region.budget == between
