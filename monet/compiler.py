@@ -141,7 +141,7 @@ class Backend:
         channels-last (faster on CPU: torch.compile does), its layout optimization stays on and the
         `copies` it makes (graph.channels_last_copies) are held for the whole step; where the budget is
         'least', or the solve finds no schedule within it with them held, it is turned off and the problem
-        holds no copies."""
+        holds no copies (a percentage budget is then of the region's peak without them)."""
         def solve(p: Problem) -> ScheduleFile:
             return solve_traced(p, self.budget, name, self.settings,
                                 progress=lambda stage, *state: progress(f"{name}: {stage}", *state))
