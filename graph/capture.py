@@ -133,7 +133,8 @@ class TracedStep:
         self.close()
 
 
-def inductor_compile(graph_module: torch.fx.GraphModule, example_inputs, *, layout_optimization: bool = False):
+def inductor_compile(graph_module: torch.fx.GraphModule, example_inputs, *, layout_optimization: bool = False,
+                     backward: bool = False):
     """One partitioned graph (the forward or the backward) compiled by Inductor, as torch.compile
     compiles it: first decomposed by Inductor's table (the joint graph was traced without it, so that
     the graph monet solves on has PyTorch's ops), then lowered and fused. Random ops draw from
@@ -142,13 +143,18 @@ def inductor_compile(graph_module: torch.fx.GraphModule, example_inputs, *, layo
     torch.compile does: it copies convolution weights and inputs to channels-last and keeps the copies
     for the backward, memory a schedule counts only where its problem holds them
     (graph.channels_last_copies; GoogLeNet at 70 % without them counted: 126 MiB measured with the
-    layout, 111 MiB without, 108 MiB predicted)."""
+    layout, 111 MiB without, 108 MiB predicted). A `backward` graph compiles in the layout of its
+    forward: Inductor decides the layout per graph, by the forward convolutions in it, and in a backward
+    without one it lays a depthwise convolution's backward inputs out in the stride order of its
+    weight's gradient, which channels-last leaves ambiguous (the size-1 input-channel dimension): it
+    wrote MobileNetV2's rerun ReLU6 output for it in a third order, one more 12 MiB copy live."""
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    with config.patch(fallback_random=True, layout_optimization=layout_optimization):
+    with config.patch(fallback_random=True, layout_optimization=layout_optimization,
+                      force_layout_optimization=backward and layout_optimization):
         decomposed = make_fx(graph_module, decomposition_table=select_decomp_table(),
                              tracing_mode="fake")(*example_inputs)
         return compile_fx_inner(decomposed, example_inputs)
@@ -159,7 +165,8 @@ def inductor_compile_backward(graph_module: torch.fx.GraphModule, example_inputs
     """A backward that monet partitioned, compiled by Inductor in pieces cut where recomputations begin
     (graph.pieces), so that Inductor's fusion keeps the schedule's order of frees."""
     return compile_in_pieces(graph_module, example_inputs,
-                             functools.partial(inductor_compile, layout_optimization=layout_optimization))
+                             functools.partial(inductor_compile, layout_optimization=layout_optimization,
+                                               backward=True))
 
 
 @contextlib.contextmanager
