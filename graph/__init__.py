@@ -20,7 +20,7 @@ from .capture import (
     model_device,
     sharded_parameters,
 )
-from .cost_model import analytic_times, channels_last_copies, fused_reruns, write_time
+from .cost_model import analytic_times, channels_last_copies, fused_reruns, with_workspace, write_time
 from .example import Example, tensor_spec
 from .implementations import (
     RERUN,
@@ -94,5 +94,5 @@ __all__ = [
     "allocation_bytes", "analyze", "analytic_times", "channels_last_copies", "cost_graph", "costed_problem",
     "fingerprint", "fused_reruns",
     "write_time",
-    "measure_times", "measure_workspace", "model_device", "sharded_parameters", "tensor_spec",
+    "measure_times", "measure_workspace", "model_device", "sharded_parameters", "tensor_spec", "with_workspace",
 ]

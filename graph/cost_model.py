@@ -118,3 +118,9 @@ def channels_last_copies(gm: torch.fx.GraphModule) -> int:
                     and not value.is_contiguous(memory_format=torch.channels_last)):
                 copied[arg.name] = value.numel() * value.element_size()
     return sum(copied.values())
+
+
+def with_workspace(problem: Problem, per_op: dict[str, int]) -> Problem:
+    """`problem` with the workspace of each op that `per_op` names, run PyTorch's way, set to its bytes there."""
+    return replace(problem, ops=tuple(replace(op, pytorch=replace(op.pytorch, workspace=per_op[op.name]))
+                                      if op.name in per_op else op for op in problem.ops))

@@ -45,9 +45,11 @@ class Feed:
                 return tensor.device
         return torch.device("cpu")
 
-    def values(self, gm: torch.fx.GraphModule, seed: int) -> dict[str, torch.Tensor]:
+    def values(self, gm: torch.fx.GraphModule, seed: int, *, channels_last: bool = False) -> dict[str, torch.Tensor]:
         """A value for each placeholder of `gm` (the joint graph is functional: nothing is written);
-        tangents are random."""
+        tangents are random. `channels_last`: the 4-D parameters and inputs in that layout, as Inductor's
+        layout optimization copies them (graph.channels_last_copies), so that the graph's convolutions
+        run channels-last."""
         gen = torch.Generator().manual_seed(seed)
         values = {}
         for node in gm.graph.find_nodes(op="placeholder"):
@@ -61,6 +63,10 @@ class Feed:
                 values[node.name] = value.detach() if isinstance(value, torch.Tensor) else value
             else:
                 values[node.name] = torch.randn(val.shape, generator=gen, dtype=val.dtype).to(val.device)
+            value = values[node.name]
+            if channels_last and isinstance(desc, (d.ParamAOTInput, d.PlainAOTInput)) and isinstance(
+                    value, torch.Tensor) and value.dim() == 4:
+                values[node.name] = value.contiguous(memory_format=torch.channels_last)
         return values
 
 
@@ -193,16 +199,17 @@ class Workspace:
 
 
 def measure_workspace(analysis: GraphAnalysis, gm: torch.fx.GraphModule, feed: Feed, *,
-                      seed: int = 0) -> Workspace:
+                      seed: int = 0, channels_last: bool = False) -> Workspace:
     """Bytes each op of `analysis.problem` allocates beyond its outputs while it runs, and what the
-    libraries hold after the step (see Workspace)."""
+    libraries hold after the step (see Workspace); `channels_last` as in Feed.values."""
+    values = feed.values(gm, seed, channels_last=channels_last)
     with torch.no_grad():
         if feed.device.type == "cuda":
-            return _workspace_cuda(analysis.problem, gm, feed, seed, feed.device)
-        return Workspace(_workspace_cpu(analysis.problem, gm, feed, seed, feed.device))
+            return _workspace_cuda(analysis.problem, gm, values, feed.device)
+        return Workspace(_workspace_cpu(analysis.problem, gm, values, feed.device))
 
 
-def _workspace_cuda(problem: Problem, gm, feed: Feed, seed, device) -> Workspace:
+def _workspace_cuda(problem: Problem, gm, values: dict, device) -> Workspace:
     """Each op's allocator peak over what it leaves allocated, forward ops on this thread and backward ops
     on autograd's; `held`: what stays allocated after the whole walk, with the matrix-product workspaces
     released before it (and the backward thread's made for both kinds of product, as a rerun of a forward
@@ -218,7 +225,6 @@ def _workspace_cuda(problem: Problem, gm, feed: Feed, seed, device) -> Workspace
         result[node.name] = max(0, meter.rise - meter.made)
         return out
 
-    values = feed.values(gm, seed)
     _release_blas_workspaces(device)
     torch.cuda.synchronize(device)
     start = torch.cuda.memory_allocated(device)
@@ -246,7 +252,7 @@ def _release_blas_workspaces(device: torch.device) -> None:
         on_autograd_thread(release, device)
 
 
-def _workspace_cpu(problem: Problem, gm, feed: Feed, seed, device) -> dict[str, int]:
+def _workspace_cpu(problem: Problem, gm, values: dict, device) -> dict[str, int]:
     ops = {op.name: op for op in problem.ops}
     new_bytes = {op.name: problem.out_bytes(op) for op in problem.ops}
     result: dict[str, int] = {}
@@ -258,7 +264,7 @@ def _workspace_cpu(problem: Problem, gm, feed: Feed, seed, device) -> dict[str, 
             return call()
 
     with DevicePeak(device) as meter:
-        _walk(gm, feed.values(gm, seed), marked)
+        _walk(gm, values, marked)
     for name, deltas in meter.events.by_region(OP_MARK).items():
         peak, running = 0, 0
         for delta in deltas:

@@ -35,8 +35,10 @@ from monet.graph import (
     inductor_compile_backward,
     inductor_excluded,
     inductor_fused,
+    measure_workspace,
     structure,
     tensor_spec,
+    with_workspace,
     write_time,
 )
 from monet.schedules import ScheduleFile, load_schedule
@@ -118,6 +120,8 @@ class Backend:
                 return saved, problem
         meta = {"model": name, "input": Inputs.tensor(_batch_spec(inputs, static)).to_json()}
         inputs = tuple(_real(x) for x in inputs)
+        copies = 0 if is_least(self.budget) else channels_last_copies(joint)
+        layout = None
         # The partitioner runs under AOTAutograd's fake mode; profiling runs real tensors, and leaves
         # the random generators as it found them (the step's dropout masks stay eager's).
         with unset_fake_temporarily(), torch.random.fork_rng(
@@ -127,27 +131,35 @@ class Backend:
                                  implementations=self.settings.implementations or bool(self.settings.options),
                                  progress=lambda stage, done, total: progress(f"{name}: {stage}", done, total, ""))
             write = write_time(feed.device, self.cost_model)
+            if copies:
+                progress(f"{name}: measuring workspace channels-last", 0, None, "")
+                layout = copies, measure_workspace(analysis, joint, feed, channels_last=True).per_op
         problem = fused_reruns(problem, joint, inductor_fused(joint, analysis), write)
         if problem.choices:
             problem = problem.without(inductor_excluded(joint, analysis))
-        schedule_file, problem = self._solve(name, problem, channels_last_copies(joint), progress)
+        schedule_file, problem = self._solve(name, problem, layout, progress)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             schedule_file.save(path)
         return schedule_file, problem
 
-    def _solve(self, name: str, problem: Problem, copies: int, progress: Progress) -> tuple[ScheduleFile, Problem]:
+    def _solve(self, name: str, problem: Problem, layout: tuple[int, dict[str, int]] | None,
+               progress: Progress) -> tuple[ScheduleFile, Problem]:
         """The region's schedule and the problem it solves. Where Inductor would run convolutions
-        channels-last (faster on CPU: torch.compile does), its layout optimization stays on and the
-        `copies` it makes (graph.channels_last_copies) are held for the whole step; where the budget is
-        'least', or the solve finds no schedule within it with them held, it is turned off and the problem
-        holds no copies (a percentage budget is then of the region's peak without them)."""
+        channels-last (faster on CPU: torch.compile does), `layout` is (the bytes of the copies it
+        makes, graph.channels_last_copies; each op's workspace measured channels-last), else None. Its
+        layout optimization then stays on, with the copies held for the whole step and the ops'
+        channels-last workspace (MobileNetV2's depthwise convolution backward at 8x96x64x64 allocated
+        12 MiB, its gradient, channels-last and 36 MiB contiguous); where the budget is 'least', or the
+        solve finds no schedule within it so, it is turned off and the problem is as profiled (a
+        percentage budget is then of the region's peak without the copies)."""
         def solve(p: Problem) -> ScheduleFile:
             return solve_traced(p, self.budget, name, self.settings,
                                 progress=lambda stage, *state: progress(f"{name}: {stage}", *state))
 
-        if copies and not is_least(self.budget):
-            laid_out = dataclasses.replace(problem, held=problem.held + copies,
+        if layout is not None:
+            copies, workspace = layout
+            laid_out = dataclasses.replace(with_workspace(problem, workspace), held=problem.held + copies,
                                            meta=dict(problem.meta, layout_optimization=True))
             try:
                 return solve(laid_out), laid_out
