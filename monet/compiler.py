@@ -150,7 +150,7 @@ class Backend:
         makes, graph.channels_last_copies; each op's workspace measured channels-last), else None. Its
         layout optimization then stays on, with the copies held for the whole step and the ops'
         channels-last workspace (MobileNetV2's depthwise convolution backward at 8x96x64x64 allocated
-        12 MiB, its gradient, channels-last and 36 MiB contiguous); where the budget is 'least', or the
+        12.0 MiB, its gradient, channels-last and 27.0 MiB contiguous); where the budget is 'least', or the
         solve finds no schedule within it so, it is turned off and the problem is as profiled (a
         percentage budget is then of the region's peak without the copies)."""
         def solve(p: Problem) -> ScheduleFile:
