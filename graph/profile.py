@@ -12,6 +12,7 @@ repeated runs after warm-up.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import statistics
@@ -201,12 +202,29 @@ class Workspace:
 def measure_workspace(analysis: GraphAnalysis, gm: torch.fx.GraphModule, feed: Feed, *,
                       seed: int = 0, channels_last: bool = False) -> Workspace:
     """Bytes each op of `analysis.problem` allocates beyond its outputs while it runs, and what the
-    libraries hold after the step (see Workspace); `channels_last` as in Feed.values."""
+    libraries hold after the step (see Workspace); `channels_last` as in Feed.values, with the graph's
+    views run as reshapes (see _views_reshaped)."""
     values = feed.values(gm, seed, channels_last=channels_last)
-    with torch.no_grad():
+    with torch.no_grad(), _views_reshaped(gm) if channels_last else contextlib.nullcontext():
         if feed.device.type == "cuda":
             return _workspace_cuda(analysis.problem, gm, values, feed.device)
         return Workspace(_workspace_cpu(analysis.problem, gm, values, feed.device))
+
+
+@contextlib.contextmanager
+def _views_reshaped(gm: torch.fx.GraphModule):
+    """`gm`'s views run as reshapes inside: the graph was traced on contiguous tensors, and a view of a
+    channels-last one (VGG-16's flattened feature map) may need a copy, which Inductor's lowering makes
+    and eager's view refuses; the copy is then measured as that op's workspace."""
+    views = [(node, node.target) for node in gm.graph.nodes
+             if node.target in (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)]
+    for node, _ in views:
+        node.target = torch.ops.aten.reshape.default
+    try:
+        yield
+    finally:
+        for node, target in views:
+            node.target = target
 
 
 def _workspace_cuda(problem: Problem, gm, values: dict, device) -> Workspace:
