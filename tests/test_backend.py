@@ -270,9 +270,10 @@ def test_layout_optimization_is_turned_off_where_its_copies_do_not_fit(tmp_path)
 def test_a_flattened_feature_map_compiles_with_the_layout_optimization():
     """VGG-16's classifier flattens its last feature map, a view in the joint graph. Measured channels-last
     (the layout Inductor gives convolution outputs) that view needs a copy, which eager's view refuses: the
-    workspace measurement runs views as reshapes, as Inductor's lowering copies. Here a convolution whose
-    4x4 output is flattened into a linear layer: compiled with the layout optimization on, gradients
-    within Inductor's rounding, and the measured peak within 10 % of the prediction, as on the CNN."""
+    workspace measurement runs views as reshapes, as Inductor's lowering copies (before, it raised). Here a
+    convolution's output, pooled to 4x4, is flattened into a linear layer: compiled with the layout
+    optimization on, gradients within Inductor's rounding, and the measured peak within 10 % of the
+    prediction, as on the CNN."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(4),
                                 torch.nn.Flatten(), torch.nn.Linear(16 * 4 * 4, 10))
