@@ -87,12 +87,18 @@ def compiled_module(model, spec, **compile_options):
 
 
 def inductor_rounding(name, spec):
-    """gradient_errors of torch.compile(model) against eager for the small model `name`: how far
-    Inductor's fused kernels move its gradients by themselves."""
+    """compile_rounding of the small model `name` on its small batch."""
+    model, _ = small_model(name)
+    return compile_rounding(model, spec, small_batch(name))
+
+
+def compile_rounding(model, spec, x):
+    """gradient_errors of torch.compile(model) against eager on the batch `x`: how far Inductor's fused
+    kernels move its gradients by themselves. `model` is left untrained."""
     import copy
 
-    model, _ = small_model(name)
-    return gradient_errors(compiled_module(model, spec), model, copy.deepcopy(model), small_batch(name))
+    plain = copy.deepcopy(model)
+    return gradient_errors(compiled_module(plain, spec), plain, copy.deepcopy(model), x)
 
 
 def errors_within_rounding(errors, rounding):

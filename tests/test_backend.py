@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 from conftest import (
+    compile_rounding,
     compiled_module,
     errors_within_rounding,
     gradient_errors,
@@ -258,8 +259,7 @@ def test_layout_optimization_is_turned_off_where_its_copies_do_not_fit(tmp_path)
     x = torch.randn(spec.shape, generator=torch.Generator().manual_seed(1))
     with TracedStep(wide, spec) as step:
         copies = channels_last_copies(step.graph_module)
-    plain = copy.deepcopy(wide)
-    rounding = gradient_errors(compiled_module(plain, spec), plain, copy.deepcopy(wide), x)
+    rounding = compile_rounding(wide, spec, x)
     least = train(wide, spec, x, rounding, monet.backend("least", **FAST))
     between = least.predicted.peak + copies // 2  # fits without the copies; the least with them held is above it
     with pytest.warns(UserWarning, match="with that optimization off"):
@@ -279,8 +279,7 @@ def test_a_flattened_feature_map_compiles_with_the_layout_optimization():
                                 torch.nn.Flatten(), torch.nn.Linear(16 * 4 * 4, 10))
     spec = InputSpec((8, 3, 16, 16))
     x = torch.randn(spec.shape, generator=torch.Generator().manual_seed(1))
-    plain = copy.deepcopy(model)
-    rounding = gradient_errors(compiled_module(plain, spec), plain, copy.deepcopy(model), x)
+    rounding = compile_rounding(model, spec, x)
     backend = monet.backend("100%", **FAST)
     compiled = compiled_module(model, spec, backend=backend)
     errors_within_rounding(gradient_errors(compiled, model, copy.deepcopy(model), x), rounding)
