@@ -81,14 +81,27 @@ def choice_specs(analysis: GraphAnalysis, gm: fx.GraphModule, feed: Feed, proble
             return
         if not times_measured:
             for m in found.values():
-                if m.out:
-                    m.new = (_roofline(m.out.bytes + problem.tensor_named(site.tensors[-1]).bytes), m.new[1])
-                m.alt = (_roofline(sum(problem.tensor_named(t).bytes for t in site.tensors)), m.alt[1])
+                _price_analytic(m, site, problem)
         measured[site.choice] = found
 
     run_graph(gm, feed, after)
     return [by_family[site.family].spec(site, problem, measured[site.choice])
             for site in sites.values() if site.choice in measured]
+
+
+def _price_analytic(m: Measured, site, problem: Problem) -> None:
+    """An option's kernels priced as analytic_times prices an op: the roofline of the bytes each reads
+    and writes. The new forward op reads the site's last tensor and writes its compact form (`m.out`);
+    the alternative reads the site's tensors, the compact form in place of the last one, and writes
+    what the site's last op writes (its outputs that are not among those tensors)."""
+    bytes_of = {t: problem.tensor_named(t).bytes for t in site.tensors}
+    reads = sum(bytes_of.values())
+    if m.out:
+        m.new = (_roofline(m.out.bytes + bytes_of[site.tensors[-1]]), m.new[1])
+        reads += m.out.bytes - bytes_of[site.tensors[-1]]
+    writes = sum(problem.tensors[t].bytes for t in problem.op_named(site.nodes[-1]).outputs
+                 if problem.tensors[t].name not in bytes_of)
+    m.alt = (_roofline(reads + writes), m.alt[1])
 
 
 def _roofline(moved: int) -> float:
