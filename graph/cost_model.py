@@ -58,7 +58,9 @@ def fused_reruns(problem: Problem, gm: torch.fx.GraphModule, options: dict[str, 
     """`problem` (of the joint graph `gm`) with the reruns of its pointwise forward ops priced at no
     time, as Inductor runs them: fused into the kernel that reads their output, which reads their
     inputs instead (Inductor's own partitioner recomputes such ops for the same reason). Their
-    outputs still count as buffers of their own. Reruns an option prices itself keep that price,
+    outputs still count as buffers of their own. Only where every op that reads their output can take
+    it so (_fuses_its_inputs): a rerun that a matmul or a convolution reads is written to memory first,
+    a kernel of its own, and keeps its price. Reruns an option prices itself keep that price,
     except under the `options` ({choice: options}, implementations.inductor_fused) whose reruns
     Inductor runs as pointwise kernels too (a batch norm rerun from its saved statistics).
 
@@ -70,6 +72,10 @@ def fused_reruns(problem: Problem, gm: torch.fx.GraphModule, options: dict[str, 
     pointwise = {name for name, target in targets.items() if isinstance(target, torch._ops.OpOverload)
                  and torch.Tag.pointwise in target.tags}
     options = options or {}
+
+    def fused_into_readers(op) -> bool:  # (readers not in `gm` are monet's kernels: pointwise ops and sums)
+        names = {problem.ops[r].name for t in op.outputs for r in problem.readers[t]}
+        return all(_fuses_its_inputs(targets[name]) for name in names if name in targets)
 
     def fused_away(t) -> bool:
         if t.role != "activation" or t.producer is None:
@@ -83,7 +89,7 @@ def fused_reruns(problem: Problem, gm: torch.fx.GraphModule, options: dict[str, 
         return replace(impl, rerun_time=0.0) if impl.rerun_time is None else impl
 
     def priced(op):
-        if op.phase != "forward":
+        if op.phase != "forward" or not fused_into_readers(op):
             return op
         if op.name in pointwise:
             return replace(op, pytorch=free(op.pytorch), others=tuple(map(free, op.others)))
@@ -96,6 +102,18 @@ def fused_reruns(problem: Problem, gm: torch.fx.GraphModule, options: dict[str, 
 
     tensors = tuple(replace(t, keep_time=t.bytes * write) if write and fused_away(t) else t for t in problem.tensors)
     return replace(problem, tensors=tensors, ops=tuple(map(priced, problem.ops)))
+
+
+def _fuses_its_inputs(target) -> bool:
+    """Whether Inductor computes an op's inputs inside the op's own kernels where they are pointwise: so
+    it does for pointwise ops, reductions and the ops it decomposes into them (those without a lowering
+    of their own: the backwards of norms, activations, dropout, softmax); not for matmuls, convolutions
+    and the other ops it lowers to kernels that read their inputs from memory."""
+    from torch._inductor.lowering import lowerings
+
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    return bool({torch.Tag.pointwise, torch.Tag.reduction} & set(target.tags)) or target not in lowerings
 
 
 def channels_last_copies(gm: torch.fx.GraphModule) -> int:
