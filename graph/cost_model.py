@@ -3,7 +3,8 @@
 Analytic times are deterministic, for schedules that must be reproducible (tests, precomputed
 schedules): an op's time is the roofline estimate max(flops / FLOP_RATE, bytes / BANDWIDTH)
 plus a fixed launch overhead. Under Inductor, a pointwise op that the backward recomputes fuses
-into the kernel that reads its output, so its rerun costs no time of its own, and a tensor that only
+into the kernel that reads its output (where no matmul or convolution reads it), so its rerun costs
+no time of its own, and a tensor that only
 fused kernels read in the forward is written to memory only if it is saved, so saving it costs that
 write (fused_reruns).
 """
