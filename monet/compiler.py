@@ -44,6 +44,7 @@ from monet.graph import (
 from monet.schedules import ScheduleFile, load_schedule
 from monet.solver import InfeasibleBudgetError, Problem, SolverFailedError, SolveSettings, format_bytes, validate
 from monet.solver.options import settings_of
+from monet.solver.order import in_schedule_order, sink_gradients
 from monet.solver.solve import Progress
 
 from .api import solve_traced
@@ -115,7 +116,7 @@ class Backend:
             if (saved.solver.least if is_least(self.budget)
                     else parse_budget(self.budget, saved.predicted.unconstrained_peak) == saved.budget):
                 progress(f"{name}: reusing {path}", 0, None, "")
-                problem = structure(analysis, joint)
+                problem = in_schedule_order(structure(analysis, joint), saved.schedule.backward)
                 validate(problem, saved.schedule.on(problem))
                 return saved, problem
         meta = {"model": name, "input": Inputs.tensor(_batch_spec(inputs, static)).to_json()}
@@ -134,7 +135,7 @@ class Backend:
             if copies:
                 progress(f"{name}: measuring workspace channels-last", 0, None, "")
                 layout = copies, measure_workspace(analysis, joint, feed, channels_last=True).per_op
-        problem = fused_reruns(problem, joint, inductor_fused(joint, analysis), write)
+        problem = sink_gradients(fused_reruns(problem, joint, inductor_fused(joint, analysis), write))
         if problem.choices:
             problem = problem.without(inductor_excluded(joint, analysis))
         schedule_file, problem = self._solve(name, problem, layout, progress)

@@ -16,7 +16,7 @@ Execution model (shared by the simulator, the solvers and the runtime):
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 
@@ -420,6 +420,17 @@ class Problem:
                           overwrites=None if runs[op.id].overwrites is None else tid[runs[op.id].overwrites]))
                for op in kept_ops]
         return replace(self, tensors=tuple(tensors), ops=tuple(ops), choices=())
+
+    def reordered(self, backward: Sequence[int]) -> Problem:
+        """The same problem with its backward ops in the order `backward` (their ids; each once, every
+        op after what it reads): ops renumbered, names kept."""
+        if sorted(backward) != [op.id for op in self.backward_ops]:
+            raise ProblemError("a backward order must list every backward op once")
+        order = [op.id for op in self.forward_ops] + list(backward)
+        oid = {old: new for new, old in enumerate(order)}
+        tensors = tuple(replace(t, producer=None if t.producer is None else oid[t.producer]) for t in self.tensors)
+        ops = tuple(replace(self.ops[old], id=new) for new, old in enumerate(order))
+        return replace(self, tensors=tensors, ops=ops)
 
     # ---- JSON ------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -1,0 +1,60 @@
+"""The backward's op order: large parameter gradients made late (solver.order), checked by hand."""
+
+import pytest
+from synthetic import _Builder
+
+from monet.solver import ProblemError, keep_all, simulate
+from monet.solver.order import sink_gradients
+
+
+def classifier():
+    """Features and a classifier, VGG-16's shape in small: x(10) -> f0 -> a0(1000) -> f1 -> h(10) ->
+    f2 -> y(5). The classifier's weight gradient gw2 (400) comes from 15 bytes (dy, h) first in the
+    backward; the features' gradient gw0 (50) from their 1000-byte gradient last."""
+    b = _Builder()
+    x = b.tensor("x", 10, "input")
+    a0 = b.ops[b.op("f0", "forward", [x], [("a0", 1000, "activation")])].outputs[0]
+    h = b.ops[b.op("f1", "forward", [a0], [("h", 10, "activation")])].outputs[0]
+    b.op("f2", "forward", [h], [("y", 5, "output")])
+    dy = b.tensor("dy", 5, "tangent")
+    b.op("b_w2", "backward", [dy, h], [("gw2", 400, "grad")])
+    gh = b.ops[b.op("b_h", "backward", [dy], [("gh", 10, "temp")])].outputs[0]
+    ga = b.ops[b.op("b_a", "backward", [gh, a0], [("ga", 1000, "temp")])].outputs[0]
+    b.op("b_w0", "backward", [ga, x], [("gw0", 50, "grad")])
+    return b.problem()
+
+
+def backward_names(problem):
+    return [op.name for op in problem.backward_ops]
+
+
+def test_a_large_gradient_from_small_inputs_is_made_last():
+    p = classifier()
+    before = simulate(p, keep_all(p))
+    # b_a: x + a0 + y + gw2 + gh + ga = 10 + 1000 + 5 + 400 + 10 + 1000 (dy and h died earlier)
+    assert before.peak == 2425 and before.peak_at == "b_a"
+    sunk = sink_gradients(p)
+    # gw2 last: at b_a, dy and h (15 bytes) are still held and gw2 not yet made. gw0 stays where it is:
+    # made last, it would hold ga's 1000 bytes through b_w2 without lowering the peak.
+    assert backward_names(sunk) == ["b_h", "b_a", "b_w0", "b_w2"]
+    after = simulate(sunk, keep_all(sunk))
+    assert after.peak == 2040 and after.peak_at == "b_a"
+    assert [op.id for op in sunk.ops] == list(range(len(p.ops)))
+    assert all(sunk.tensors[t].producer == op.id for op in sunk.ops for t in op.outputs)
+    assert after.time == before.time
+
+
+def test_no_move_where_none_lowers_the_peak():
+    p = classifier()
+    sunk = sink_gradients(sink_gradients(p))
+    assert backward_names(sunk) == backward_names(sink_gradients(p))
+    assert sunk.reordered([op.id for op in sunk.backward_ops]).ops == sunk.ops
+
+
+def test_an_order_that_reads_before_making_is_refused():
+    p = classifier()
+    ids = {op.name: op.id for op in p.ops}
+    with pytest.raises(ProblemError, match="before it exists"):
+        p.reordered([ids["b_w2"], ids["b_a"], ids["b_h"], ids["b_w0"]])
+    with pytest.raises(ProblemError, match="every backward op once"):
+        p.reordered([ids["b_w2"], ids["b_h"], ids["b_a"]])
