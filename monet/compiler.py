@@ -222,8 +222,10 @@ def backend(budget: str | int | float, settings: SolveSettings | None = None, *,
     region's real inputs, or "analytic"); reruns of pointwise ops (and, on CPU, batch norm reruns from
     saved statistics) are priced as fused (no time).
     Options that Inductor cannot run (dropout replayed from the generator state) are left out of the
-    solve. `schedules`, a directory, keeps each region's schedule file, named after the region's graph
-    fingerprint; a region whose file is there, solved at the same budget, reuses it without
+    solve. Each region's backward runs its large parameter gradients last where that lowers the peak
+    (solver.order), as Inductor's own reordering does. `schedules`, a directory, keeps each region's
+    schedule file, named after the region's graph fingerprint; a region whose file is there, solved at
+    the same budget, reuses it without
     profiling or solving (with 'least', a file solved at 'least'). `progress`: True shows each region's
     profiling and solving on stderr, False nothing, or a callback progress(stage, done, total, detail).
     Shapes must be static (`dynamic=False`): a schedule is solved for one shape. Peaks are predicted
