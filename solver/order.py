@@ -13,25 +13,29 @@ from __future__ import annotations
 from .problem import Problem
 from .schedule import keep_all
 from .simulate import simulate
+from .solve import auto_horizon
 
 
 def sink_gradients(problem: Problem) -> Problem:
     """`problem` with each backward op that makes only parameter gradients moved to the end of the
     backward where that lowers the peak of keeping everything (largest first, each kept only if
-    the simulator finds the peak lower: the move holds its inputs longer). Unchanged where no move
-    helps."""
+    the simulator finds the peak lower: the move holds its inputs longer) and leaves the automatic
+    rerun horizon as it was: the ops that make its inputs may then rerun up to the last stage, which
+    enlarges the ILP (on the bundled CNN, a move that lowered that peak by 232 bytes shrank the
+    horizon from unbounded to 20 stages, and the least peak found in 5 s rose from 6.25 to 7.28 MB).
+    Unchanged where no move helps."""
     readers = problem.readers
     movable = [op for op in problem.backward_ops
                if op.choice is None and op.outputs
                and all(problem.tensors[t].role == "grad" and not readers[t] for t in op.outputs)]
     order = [op.id for op in problem.backward_ops]
     best = problem
-    peak = simulate(problem, keep_all(problem)).peak
+    peak, horizon = simulate(problem, keep_all(problem)).peak, auto_horizon(problem)
     for op in sorted(movable, key=lambda op: -problem.out_bytes(op)):
         trial = [i for i in order if i != op.id] + [op.id]
         candidate = problem.reordered(trial)
         candidate_peak = simulate(candidate, keep_all(candidate)).peak
-        if candidate_peak < peak:
+        if candidate_peak < peak and auto_horizon(candidate) == horizon:
             order, best, peak = trial, candidate, candidate_peak
     return best
 
