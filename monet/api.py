@@ -11,6 +11,7 @@ from monet.schedules import OptimizerSpec, ProblemFile, ScheduleFile, load_probl
 from monet.solver import Problem, Schedule, SolveSettings, keep_all, least_peak, simulate
 from monet.solver import solve as solve_problem
 from monet.solver.options import settings_of
+from monet.solver.order import sink_gradients
 from monet.solver.solve import Progress
 
 from .budget import is_least, parse_budget
@@ -25,10 +26,12 @@ if TYPE_CHECKING:  # torch and monet.graph load where a model is traced: solving
 
 def trace_problem(model: nn.Module, inputs, *, input_dtype: str | None = None, input_requires_grad: bool | None = None,
                   autocast: str | None = None, optimizer=None, micro_batches: int = 1, cost_model: str = "measured",
-                  implementations: bool = True, progress: Progress | None = None) -> Problem:
+                  implementations: bool = True, sink: bool = True, progress: Progress | None = None) -> Problem:
     """Trace `model` called with `inputs` (see `solve`), under `autocast`, and cost every op of its
     training step, with (`implementations`) every alternative way an op can run, and the
-    `optimizer`'s update after `micro_batches` backward passes, measured here."""
+    `optimizer`'s update after `micro_batches` backward passes, measured here. With `sink`, the
+    backward ops that make only parameter gradients move late where that lowers the peak
+    (`monet.solver.order.sink_gradients`): MONeTWrapper runs the backward in its schedule's order."""
     from monet.graph import Example, TracedStep, analyze, costed_problem, model_device
 
     if not model.training:
@@ -45,8 +48,9 @@ def trace_problem(model: nn.Module, inputs, *, input_dtype: str | None = None, i
     with TracedStep(model, example, autocast) as step:
         analysis = analyze(step.graph_module)
     stage = (lambda name, done, total: progress(name, done, total, "")) if progress else None
-    return costed_problem(step, analysis, cost_model, implementations=implementations, optimizer=spec,
-                          progress=stage)
+    problem = costed_problem(step, analysis, cost_model, implementations=implementations, optimizer=spec,
+                             progress=stage)
+    return sink_gradients(problem) if sink else problem
 
 
 def solve(model: nn.Module, inputs, budget: str | int | float, settings: SolveSettings | None = None, *,

@@ -196,6 +196,7 @@ def _step_parts(model: nn.Module, blocks, inputs, **trace) -> tuple[list[Problem
         raise ValueError(f"blocks {unpassed} do not pass on exactly one tensor that wants a gradient: solve_blocks "
                          "needs each block to take the one before's output and return one for the next")
     paths = {id(m): name for name, m in model.named_modules()}
+    trace = dict(trace, sink=False)  # each part in autograd's order: the parts around the blocks run as PyTorch does
     parts = [_rooted(trace_problem(b, c.example, **trace), f"{paths[id(b)]}.") for b, c in zip(blocks, calls)]
     own = list(range(len(parts)))
     trace = dict(trace, implementations=False)  # the parts around the blocks run as PyTorch runs them

@@ -30,6 +30,7 @@ from monet.graph import (
 )
 from monet.schedules import ScheduleFile, check_writable, load_schedule
 from monet.solver import validate
+from monet.solver.order import in_schedule_order
 
 from .runtime import ExecutionPlan, ScheduleMismatchError, make_partition
 
@@ -74,7 +75,7 @@ class MONeTWrapper(nn.Module):
         with _traced(self.model, example, schedule_file) as step:
             analysis = analyze(step.graph_module)
             _check_graph(schedule_file, analysis, self.model, spec)
-            problem = structure(analysis, step.graph_module)
+            problem = in_schedule_order(structure(analysis, step.graph_module), schedule_file.schedule.backward)
             schedule = schedule_file.schedule.on(problem)
             validate(problem, schedule)
             if self._compile:
