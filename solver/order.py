@@ -11,7 +11,7 @@ monet's schedules run the backward in the problem's order, so the problem is reo
 from __future__ import annotations
 
 from .problem import Problem
-from .schedule import keep_all
+from .schedule import ScheduleError, keep_all
 from .simulate import simulate
 from .solve import RERUN_SLOTS, auto_horizon
 from .stages import Stages
@@ -55,6 +55,9 @@ def _rerun_size(problem: Problem) -> tuple[int | None, int]:
 def in_schedule_order(problem: Problem, backward: tuple[str, ...]) -> Problem:
     """`problem` with its backward ops in the order a schedule's backward sequence (op names, reruns
     among them) runs them: a schedule solved on a reordered problem, read back onto the problem
-    as traced."""
-    named = [problem.op_named(name) for name in backward]
+    as traced. ScheduleError where it names an op the problem lacks."""
+    try:
+        named = [problem.op_named(name) for name in backward]
+    except KeyError as exc:
+        raise ScheduleError(f"schedule names {exc} which this graph does not have") from exc
     return problem.reordered([op.id for op in named if op.phase == "backward"])

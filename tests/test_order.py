@@ -162,3 +162,12 @@ def test_a_move_that_would_enlarge_the_ilp_is_refused():
     assert auto_horizon(moved) == auto_horizon(problem)
     assert rerun_pairs(problem) <= RERUN_SLOTS < rerun_pairs(moved)
     assert backward_names(sink_gradients(problem)) == backward_names(problem)
+
+
+def test_a_schedule_naming_an_op_the_graph_lacks_is_refused():
+    from monet.solver.order import in_schedule_order
+    from monet.solver.schedule import ScheduleError
+
+    p = classifier()
+    with pytest.raises(ScheduleError, match="b_missing"):
+        in_schedule_order(p, ("b_h", "b_missing", "b_a"))
