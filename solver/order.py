@@ -49,7 +49,7 @@ def sink_gradients(problem: Problem) -> Problem:
 def _rerun_size(problem: Problem) -> tuple[int | None, int]:
     """The automatic rerun horizon and the (op, stage) rerun pairs it admits: what the ILP's size grows with."""
     horizon = auto_horizon(problem)
-    return horizon, sum(b - a + 1 for a, b in Stages(problem, horizon).windows[1].values())
+    return horizon, Stages(problem, horizon).rerun_slots
 
 
 def in_schedule_order(problem: Problem, backward: tuple[str, ...]) -> Problem:

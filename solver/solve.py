@@ -43,7 +43,7 @@ def auto_horizon(problem: Problem) -> int | None:
     """The longest horizon (None: unbounded) whose rerun windows have at most RERUN_SLOTS
     (op, stage) pairs: the compact formulation's size grows with them."""
     for horizon in HORIZONS:
-        if sum(b - a + 1 for a, b in Stages(problem, horizon).windows[1].values()) <= RERUN_SLOTS:
+        if Stages(problem, horizon).rerun_slots <= RERUN_SLOTS:
             return horizon
     return HORIZONS[-1]
 

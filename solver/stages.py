@@ -133,6 +133,11 @@ class Stages:
                 op_win[op.id] = win
         return tensor_win, op_win
 
+    @cached_property
+    def rerun_slots(self) -> int:
+        """The (op, stage) pairs where ops may rerun: what the compact formulation's size grows with."""
+        return sum(b - a + 1 for a, b in self.windows[1].values())
+
     def admits(self, schedule) -> bool:
         """Whether every rerun of `schedule` (a Schedule) falls within its op's window."""
         op_win = self.windows[1]
