@@ -27,7 +27,7 @@ setup(
     extras_require={
         "transformers": ["transformers>=5"],
         "benchmarks": ["transformers>=5", "monai"],
-        "test": ["pytest", "hypothesis", "transformers>=5", "monai"],
+        "test": ["pytest", "pytest-xdist>=3", "hypothesis", "transformers>=5", "monai"],
     },
     entry_points={"console_scripts": ["monet=monet.cli:main"]},
 )

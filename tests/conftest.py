@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/synthetic.py
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # Under pytest-xdist (README's `-n 2`) each worker computes on one thread, set before torch loads,
+    # so that two workers on two cores do not oversubscribe them; processes the tests start inherit it.
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 # name -> (factory kwargs, input shape); 50% of the unconstrained peak is feasible for each.
 SMALL = {
