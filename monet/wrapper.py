@@ -29,7 +29,7 @@ from monet.graph import (
     structure,
 )
 from monet.schedules import ScheduleFile, check_writable, load_schedule
-from monet.solver import validate
+from monet.solver import Problem, validate
 from monet.solver.order import in_schedule_order
 
 from .runtime import ExecutionPlan, ScheduleMismatchError, make_partition
@@ -74,8 +74,9 @@ class MONeTWrapper(nn.Module):
         graphs: dict[str, torch.fx.GraphModule] = {}
         with _traced(self.model, example, schedule_file) as step:
             analysis = analyze(step.graph_module)
-            _check_graph(schedule_file, analysis, self.model, spec)
-            problem = in_schedule_order(structure(analysis, step.graph_module), schedule_file.schedule.backward)
+            structured = structure(analysis, step.graph_module)
+            _check_graph(schedule_file, analysis.fingerprint, structured, self.model, spec)
+            problem = in_schedule_order(structured, schedule_file.schedule.backward)
             schedule = schedule_file.schedule.on(problem)
             validate(problem, schedule)
             if self._compile:
@@ -292,11 +293,17 @@ def _check_compilable(schedule_file: ScheduleFile, gm: torch.fx.GraphModule, ana
             "(monet.solve(..., options={choice: option}))")
 
 
-def _check_graph(schedule_file: ScheduleFile, analysis: GraphAnalysis, model: nn.Module, spec: Inputs) -> None:
-    if schedule_file.graph.fingerprint == analysis.fingerprint:
+def _check_graph(schedule_file: ScheduleFile, fingerprint: str, problem: Problem, model: nn.Module,
+                 spec: Inputs) -> None:
+    """A ScheduleMismatchError unless the schedule was made for the traced graph (its `fingerprint`),
+    naming the first op where the schedule's recorded ops and `problem`'s (with its choices' ops) differ."""
+    if schedule_file.graph.fingerprint == fingerprint:
         return
     theirs = list(schedule_file.graph.ops)
-    ours = [(op.name, op.target, op.phase) for op in analysis.problem.ops]
+    ours = [(op.name, op.target, op.phase) for op in problem.ops]
+    position = {name: i for i, (name, _, _) in enumerate(theirs)}
+    if set(position) == {name for name, _, _ in ours}:  # compared in the schedule's order, which may run
+        ours.sort(key=lambda op: position[op[0]])  # gradients later than autograd (solver.order)
     where = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
     detail = (f"op #{where}: schedule has {theirs[where][0]} ({theirs[where][1]}), model has "
               f"{ours[where][0]} ({ours[where][1]})" if where < min(len(theirs), len(ours))

@@ -135,6 +135,32 @@ def test_the_wrapper_runs_the_backward_in_its_schedules_order():
     assert peaks[False] - peaks[True] >= 2 * 2**20, peaks  # the 16x64x64 activations and more, in float32
 
 
+def test_a_reordered_schedule_for_another_graph_says_where_they_differ():
+    """A schedule solved with a weight gradient made last, given to a model whose ops have the same
+    names but another output width: the mismatch counts the ops of how they may run (ReLU masks) as
+    the schedule records them (it said 18 against 16 ops before) and names shapes, not an op that the
+    reorder moved (it named mm_1 against threshold_backward before)."""
+    import torch
+
+    from monet import MONeTWrapper, ScheduleMismatchError
+    from monet.api import trace_problem
+    from monet.graph import InputSpec
+    from monet.schedules import ScheduleFile
+    from monet.solver.result import SolverRecord
+
+    spec = InputSpec((8, 3, 64, 64), "float32")
+    problem = trace_problem(_classifier_model(), spec, cost_model="analytic", sink=True)
+    autograds = trace_problem(_classifier_model(), spec, cost_model="analytic", sink=False)
+    assert [op.name for op in problem.ops] != [op.name for op in autograds.ops], "the sink should move an op"
+    schedule = keep_all(problem)
+    file = ScheduleFile.of(problem, schedule, "Sequential", budget=simulate(problem, schedule).peak,
+                           solver=SolverRecord("keep-everything", "heuristic"))
+    wider = _classifier_model()
+    wider[-1] = torch.nn.Linear(1024, 12)
+    with pytest.raises(ScheduleMismatchError, match="ops agree, but shapes or wiring differ"):
+        MONeTWrapper(wider, file, spec.shape)
+
+
 def test_a_move_that_would_enlarge_the_ilp_is_refused():
     """MobileNetV2 at its quick size (analytic costs): made last, its classifier's weight gradient
     lowers the keep-everything peak (216.45 -> 211.63 MiB), but the ops that make its input may then
