@@ -35,13 +35,14 @@ def sink_gradients(problem: Problem) -> Problem:
                and all(problem.tensors[t].role == "grad" and not readers[t] for t in op.outputs)]
     order = [op.id for op in problem.backward_ops]
     best = problem
-    peak, size = simulate(problem, keep_all(problem)).peak, _rerun_size(problem)
+    peak = simulate(problem, keep_all(problem)).peak
+    horizon, slots = _rerun_size(problem)
     for op in sorted(movable, key=lambda op: -problem.out_bytes(op)):
         trial = [i for i in order if i != op.id] + [op.id]
         candidate = problem.reordered(trial)
         candidate_peak = simulate(candidate, keep_all(candidate)).peak
-        horizon, slots = _rerun_size(candidate)
-        if candidate_peak < peak and horizon == size[0] and slots <= max(RERUN_SLOTS, size[1]):
+        candidate_horizon, candidate_slots = _rerun_size(candidate)
+        if candidate_peak < peak and candidate_horizon == horizon and candidate_slots <= max(RERUN_SLOTS, slots):
             order, best, peak = trial, candidate, candidate_peak
     return best
 
