@@ -13,7 +13,8 @@ can measure them side by side:
 - `monet-checkpointing`, `monet`: monet's ILP without and with operator alternatives;
 - `monet-compiled`: `torch.compile(model, backend=monet.backend(budget))`: monet's ILP solved on the
   compiled region's joint graph (profiled anew), its forward and backward compiled by Inductor; at
-  the `least` budget, `monet.backend("least")`: the least peak of the region's own problem.
+  the `least` budget, `monet.backend("least")`: the least peak of the region's own problem; at 100 %
+  or more, `monet.backend("100%")`: the region's own unconstrained peak.
 
 The four schedule competitors are the strategies of `monet.solver.strategies` by those names (the
 registry `monet pareto` sweeps); the others are not schedules and live here.
@@ -129,7 +130,9 @@ def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int,
     take one. `problem` is the model's traced problem, whose keep-all schedule peaks at `full_peak`;
     `starts` gives schedules (of monet's joint search) that fit some budgets, where it starts. `least`,
     the least peak monet's search found on `problem`, is a budget that monet-compiled replaces by its
-    own least (`monet.backend("least")`: its region's problem counts Inductor's fusions)."""
+    own least (`monet.backend("least")`: its region's problem counts Inductor's fusions), and so is a
+    budget of `full_peak` or more, by its own unconstrained one (`monet.backend("100%")`: its region
+    also holds Inductor's channels-last copies, so `full_peak` can bind there; torch.compile gets 1.0)."""
     starts = starts or {}
     shape = tuple(problem.meta["input"]["shape"])
     model_name = type(model).__name__
@@ -171,7 +174,9 @@ def build(bench: BenchModel, model: nn.Module, problem: Problem, full_peak: int,
         for budget in budgets if family in BUDGETED else [None]:
             if family == "monet-compiled" and budget == least:
                 budget = "least"
-            name = (family if budget is None else f"{family}@least" if budget == "least"
+            elif family == "monet-compiled" and budget is not None and budget >= full_peak:
+                budget = "100%"
+            name = (family if budget is None else f"{family}@{budget}" if isinstance(budget, str)
                     else f"{family}@{100 * budget / full_peak:.3g}%")
             entries.append(_entry(name, family, budget, makers[family]))
             log(f"{name}: {entries[-1].status}")
@@ -185,8 +190,9 @@ class NotApplicable(Exception):
 def _entry(name: str, family: str, budget: int | str | None,
            make: Callable[..., tuple[nn.Module, ScheduleFile | None]]) -> Entry:
     """Build one competitor; a failure to build is its row's status, not a crash of the benchmark.
-    Budget 'least' is recorded as the bytes its schedule file was solved at (None where none was)."""
-    known = None if budget == "least" else budget
+    A budget given as text ('least', '100%') is recorded as the bytes its schedule file was solved at
+    (None where none was)."""
+    known = None if isinstance(budget, str) else budget
     try:
         module, made = make() if budget is None else make(budget)
     except NotApplicable as exc:
@@ -199,5 +205,5 @@ def _entry(name: str, family: str, budget: int | str | None,
         return Entry(name, family, known, None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     if made is None:
         return Entry(name, family, known, module, "ok")
-    return Entry(name, family, made.budget if budget == "least" else budget, module, made.solver.status,
+    return Entry(name, family, made.budget if isinstance(budget, str) else budget, module, made.solver.status,
                  (made.predicted.peak, made.predicted.time), made.solver.solve_time_s)
