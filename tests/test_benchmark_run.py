@@ -27,8 +27,9 @@ LEAST_MAY_FIND_NONE = {"monet-checkpointing"}
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    done = subprocess.run([sys.executable, "-m", "benchmarks.run", "cnn", "--quick", "--budgets", "least", "60%", "100%",
-                           "--time-limit", "5", "--steps", "2", "--cache", str(out / "cache"), "-o", str(out)],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.run", "cnn", "--quick",
+                           "--budgets", "least", "60%", "100%", "--time-limit", "5", "--steps", "2",
+                           "--cache", str(out / "cache"), "-o", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out, json.loads((out / "cnn-b8-32.json").read_text())
