@@ -143,7 +143,8 @@ def inductor_compile(graph_module: torch.fx.GraphModule, example_inputs, *, layo
     torch.compile does: it copies convolution weights and inputs to channels-last and keeps the copies
     for the backward, memory a schedule counts only where its problem holds them
     (graph.channels_last_copies; GoogLeNet at 70 % without them counted: 126 MiB measured with the
-    layout, 111 MiB without, 108 MiB predicted). A `backward` graph compiles in the layout of its
+    layout, 111 MiB without, 108 MiB predicted). A `backward` graph compiles as torch.compile's
+    backward does (Inductor's `is_backward`: it may overwrite the inputs donated to it), in the layout of its
     forward: Inductor decides the layout per graph, by the forward convolutions in it, and in a backward
     without one it lays a depthwise convolution's backward inputs out in the stride order of its
     weight's gradient, which channels-last leaves ambiguous (the size-1 input-channel dimension): it
@@ -157,7 +158,7 @@ def inductor_compile(graph_module: torch.fx.GraphModule, example_inputs, *, layo
                       force_layout_optimization=backward and layout_optimization):
         decomposed = make_fx(graph_module, decomposition_table=select_decomp_table(),
                              tracing_mode="fake")(*example_inputs)
-        return compile_fx_inner(decomposed, example_inputs)
+        return compile_fx_inner(decomposed, example_inputs, is_backward=backward)
 
 
 def inductor_compile_backward(graph_module: torch.fx.GraphModule, example_inputs, *,

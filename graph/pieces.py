@@ -11,14 +11,20 @@ It is cut before each embedding backward too (CUT_BEFORE): Inductor makes that t
 as a zero-filled buffer that it scatters into, and in one piece with the ops before it the buffer was
 live with buffers the schedule frees before it (DistilBERT at 8x128, its least-peak schedule: 528.48
 MiB measured against 509.34 MiB predicted; cut there, 509.71).
+A value that crosses a cut is a piece's input, which Inductor never overwrites unless it is donated;
+each piece is compiled with the values whose last reader it is donated (_donated), so that it can
+write a result into one of them as it does into a buffer of its own: GPT-2's tied embedding gradient
+(the LM head's plus the embedding's) was a third table-sized buffer after the cut until it could.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from unittest import mock
 
 import torch
+import torch._inductor.graph
 from torch import fx
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -38,18 +44,20 @@ def compile_in_pieces(gm: fx.GraphModule, example_inputs, compile_piece: Callabl
         return compile_piece(gm, example_inputs)
     placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
     values = dict(zip(placeholders, _fakes(example_inputs)))
+    result = list(gm.graph.find_nodes(op="output"))[0].args[0]
+    kept = {n.name for n in result if isinstance(n, fx.Node)}
+    donated = _donated(gm, [inputs for _, inputs, _ in pieces], kept)
     compiled = []
-    for piece, inputs, outputs in pieces:
+    for (piece, inputs, outputs), given in zip(pieces, donated):
         piece_inputs = [values[name] for name in inputs]
         values.update(zip(outputs, FakeTensorProp(piece, _mode(piece_inputs)).propagate_dont_convert_inputs(
             *piece_inputs)))
-        compiled.append((compile_piece(piece, piece_inputs), inputs, outputs))
+        with mock.patch.object(torch._inductor.graph, "get_donated_idxs", lambda given=given: given):
+            compiled.append((compile_piece(piece, piece_inputs), inputs, outputs))
     last_piece = {}
     for i, (_, inputs, _) in enumerate(compiled):
         for name in inputs:
             last_piece[name] = i
-    result = list(gm.graph.find_nodes(op="output"))[0].args[0]
-    kept = {n.name for n in result if isinstance(n, fx.Node)}
 
     def run(args: list):
         env = {name: arg for name, arg in zip(placeholders, args) if name in last_piece or name in kept}
@@ -64,6 +72,37 @@ def compile_in_pieces(gm: fx.GraphModule, example_inputs, compile_piece: Callabl
 
     run._boxed_call = True
     return run
+
+
+def _donated(gm: fx.GraphModule, inputs: list[list[str]], kept: set[str]) -> list[list[int]]:
+    """For each piece (the names of its inputs), the indices of the inputs it may overwrite: those it
+    reads last, that the backward does not return, that share no storage with a value a piece reads
+    from then on or the backward returns (a view and its base are one storage), and that are made by
+    an earlier piece or, among the backward's own inputs, are donated by AOTAutograd (saved tensors
+    no output aliases, and none where the graph may run again: `retain_graph`)."""
+    placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    own = set(placeholders) - {placeholders[i] for i in torch._inductor.graph.get_donated_idxs() or ()}
+    base = _bases(gm)
+    donated = []
+    for p, names in enumerate(inputs):
+        later = {base[name] for q in inputs[p + 1:] for name in q} | {base[name] for name in kept}
+        shared = [base[name] for name in names]
+        donated.append([i for i, name in enumerate(names)
+                        if name not in own and base[name] not in later and shared.count(base[name]) == 1])
+    return donated
+
+
+def _bases(gm: fx.GraphModule) -> dict[str, str]:
+    """{value: the value whose storage it is}: itself, or for a view (an op whose result aliases its
+    first argument, or an item of such an op's results) its argument's."""
+    base = {}
+    for node in gm.graph.nodes:
+        source = node.args[0] if node.target is operator.getitem else node
+        aliasing = (isinstance(source.target, torch._ops.OpOverload)
+                    and any(r.alias_info is not None for r in source.target._schema.returns))
+        first = next((a for a in source.args if isinstance(a, fx.Node)), None) if aliasing else None
+        base[node.name] = base[first.name] if first is not None else node.name
+    return base
 
 
 def _fakes(example_inputs) -> list:
