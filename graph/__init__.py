@@ -20,7 +20,14 @@ from .capture import (
     model_device,
     sharded_parameters,
 )
-from .cost_model import analytic_times, channels_last_copies, fused_reruns, with_workspace, write_time
+from .cost_model import (
+    analytic_times,
+    channels_last_copies,
+    fused_reruns,
+    summed_in_place,
+    with_workspace,
+    write_time,
+)
 from .example import Example, tensor_spec
 from .implementations import (
     RERUN,
@@ -92,7 +99,7 @@ __all__ = [
     "compiled_options", "inductor_compile", "inductor_compile_backward", "inductor_excluded", "inductor_fused",
     "not_compiled", "rewrite", "structure",
     "allocation_bytes", "analyze", "analytic_times", "channels_last_copies", "cost_graph", "costed_problem",
-    "fingerprint", "fused_reruns",
+    "fingerprint", "fused_reruns", "summed_in_place",
     "write_time",
     "measure_times", "measure_workspace", "model_device", "sharded_parameters", "tensor_spec", "with_workspace",
 ]

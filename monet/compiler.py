@@ -37,6 +37,7 @@ from monet.graph import (
     inductor_fused,
     measure_workspace,
     structure,
+    summed_in_place,
     tensor_spec,
     with_workspace,
     write_time,
@@ -135,7 +136,8 @@ class Backend:
             if copies:
                 progress(f"{name}: measuring workspace channels-last", 0, None, "")
                 layout = copies, measure_workspace(analysis, joint, feed, channels_last=True).per_op
-        problem = sink_gradients(fused_reruns(problem, joint, inductor_fused(joint, analysis), write))
+        problem = summed_in_place(sink_gradients(fused_reruns(problem, joint, inductor_fused(joint, analysis), write)),
+                                  joint)
         if problem.choices:
             problem = problem.without(inductor_excluded(joint, analysis))
         schedule_file, problem = self._solve(name, problem, layout, progress)

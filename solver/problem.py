@@ -10,7 +10,8 @@ Execution model (shared by the simulator, the solvers and the runtime):
     order, with forward ops interleaved where the schedule *recomputes* them;
   * every copy of a tensor is freed right after its last reader;
   * an op that runs in place (`Impl.overwrites`) makes its output in its input's storage, so
-    that copy of the input ends there: it must not be saved, nor read again.
+    that copy of the input ends there: it must not be saved, nor read again (a backward op
+    overwrites only a backward intermediate that nothing reads after it).
 """
 
 from __future__ import annotations
@@ -346,15 +347,17 @@ class Problem:
             raise ProblemError(refusal)
 
     def in_place_refusal(self, op: Op, inputs: tuple[int, ...], t: int) -> str | None:
-        """Why `op`, reading `inputs`, may not overwrite tensor `t` (None: it may). A forward op may
-        overwrite an input when it makes one tensor of the input's size and reads the input last in
-        the forward (backward ops may read it later: from a rerun's copy, as the schedule must arrange)."""
-        if op.phase != "forward" or t not in inputs or len(op.outputs) != 1:
-            return f"op {op.name!r} overwrites {t} but is not a one-output forward op reading it"
+        """Why `op`, reading `inputs`, may not overwrite tensor `t` (None: it may). An op may overwrite
+        an input when it makes one tensor of the input's size and reads the input last: a forward op an
+        activation, last in the forward (backward ops may read it later: from a rerun's copy, as the
+        schedule must arrange); a backward op a backward intermediate (temp), last of all."""
+        if t not in inputs or len(op.outputs) != 1:
+            return f"op {op.name!r} overwrites {t} but is not a one-output op reading it"
         tensor = self.tensors[t]
-        if tensor.role != "activation" or tensor.bytes != self.tensors[op.outputs[0]].bytes:
-            return f"op {op.name!r} overwrites {tensor.name!r}, which is not an activation of its output's size"
-        later = [self.ops[r].name for r in self.readers[t] if r > op.id and self.ops[r].phase == "forward"]
+        role, kind = ("activation", "an activation") if op.phase == "forward" else ("temp", "a backward intermediate")
+        if tensor.role != role or tensor.bytes != self.tensors[op.outputs[0]].bytes:
+            return f"op {op.name!r} overwrites {tensor.name!r}, which is not {kind} of its output's size"
+        later = [self.ops[r].name for r in self.readers[t] if r > op.id and self.ops[r].phase == op.phase]
         if later:
             return f"op {op.name!r} overwrites {tensor.name!r}, which {', '.join(later)} read later"
         return None

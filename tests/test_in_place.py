@@ -56,6 +56,25 @@ def test_in_place_counts_one_storage_for_input_and_output():
     assert inside.peak == 480 and dict(inside.timeline)["relu"] == 410
 
 
+def test_a_backward_op_may_overwrite_a_backward_intermediate_it_reads_last():
+    """relu_b writes its gradient into pool_b's (ga, 100 B, read by nothing after it): relu_b's moment
+    counts one storage for both; conv_b's gradient (10 B) fits no 100 B intermediate."""
+    problem = conv_relu_pool()
+    ga = problem.tensor_named("ga").id
+    backward, idx = tuple(op.id for op in problem.backward_ops), problem.tensor_named("idx").id
+    relu_b = problem.op_named("relu_b")
+    ops = list(problem.ops)
+    ops[relu_b.id] = replace(relu_b, pytorch=replace(relu_b.pytorch, overwrites=ga))
+    in_place = replace(problem, ops=tuple(ops))
+    before = dict(simulate(problem, Schedule(frozenset({idx}), backward, {})).timeline)["relu_b"]
+    after = dict(simulate(in_place, Schedule(frozenset({idx}), backward, {})).timeline)["relu_b"]
+    assert before - after == 100
+    conv_b = problem.op_named("conv_b")
+    ops[conv_b.id] = replace(conv_b, pytorch=replace(conv_b.pytorch, overwrites=problem.tensor_named("gz").id))
+    with pytest.raises(ProblemError, match="not a backward intermediate of its output's size"):
+        replace(problem, ops=tuple(ops))
+
+
 def test_a_schedule_never_reads_an_overwritten_copy():
     problem = conv_relu_pool(input_path=True)
     ids = {op.name: op.id for op in problem.ops}
@@ -72,7 +91,7 @@ def test_a_schedule_never_reads_an_overwritten_copy():
 def test_in_place_needs_an_activation_the_op_reads():
     problem = conv_relu_pool()
     x = problem.tensor_named("x").id
-    for name, message in (("relu", "not a one-output forward op reading it"), ("conv", "not an activation")):
+    for name, message in (("relu", "not a one-output op reading it"), ("conv", "not an activation")):
         op = problem.op_named(name)
         ops = list(problem.ops)
         ops[op.id] = replace(op, choice="place", others=(Impl(op.inputs, 1.0, overwrites=x),))

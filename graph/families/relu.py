@@ -44,7 +44,7 @@ class ReluInPlace:
         if source is None or out is None or node.name not in analysis.node_tensors:
             return None
         op = problem.op_named(node.name)
-        if problem.in_place_refusal(op, op.inputs, problem.tensor_named(source).id):
+        if op.phase != "forward" or problem.in_place_refusal(op, op.inputs, problem.tensor_named(source).id):
             return None
         return Site(self.name, f"{node.name}:place", (node.name,), (source, out))
 
