@@ -47,12 +47,14 @@ def compile_in_pieces(gm: fx.GraphModule, example_inputs, compile_piece: Callabl
     result = list(gm.graph.find_nodes(op="output"))[0].args[0]
     kept = {n.name for n in result if isinstance(n, fx.Node)}
     donated = _donated(gm, [inputs for _, inputs, _ in pieces], kept)
+    tag = torch.compiler.config.cache_key_tag  # Inductor's cache keys leave the donation out: the tag says it
     compiled = []
     for (piece, inputs, outputs), given in zip(pieces, donated):
         piece_inputs = [values[name] for name in inputs]
         values.update(zip(outputs, FakeTensorProp(piece, _mode(piece_inputs)).propagate_dont_convert_inputs(
             *piece_inputs)))
-        with mock.patch.object(torch._inductor.graph, "get_donated_idxs", lambda given=given: given):
+        with (mock.patch.object(torch._inductor.graph, "get_donated_idxs", lambda given=given: given),
+              torch.compiler.config.patch(cache_key_tag=f"{tag} monet donated {given}")):
             compiled.append((compile_piece(piece, piece_inputs), inputs, outputs))
     last_piece = {}
     for i, (_, inputs, _) in enumerate(compiled):
