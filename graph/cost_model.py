@@ -71,8 +71,7 @@ def fused_reruns(problem: Problem, gm: torch.fx.GraphModule, options: dict[str, 
     ops) makes and that only pointwise ops read in the forward, so that Inductor fuses it into its
     readers' kernels unless it is saved (Tensor.keep_time)."""
     targets = {n.name: n.target for n in gm.graph.nodes}
-    pointwise = {name for name, target in targets.items() if isinstance(target, torch._ops.OpOverload)
-                 and torch.Tag.pointwise in target.tags}
+    pointwise = {name for name, target in targets.items() if _pointwise(target)}
     options = options or {}
 
     def fused_into_readers(op) -> bool:  # (readers not in `gm` are monet's kernels: pointwise ops and sums)
@@ -119,10 +118,8 @@ def summed_in_place(problem: Problem, gm: torch.fx.GraphModule) -> Problem:
     readers = problem.readers
 
     def summed(op) -> bool:
-        target = targets.get(op.name)
         return (op.phase == "backward" and op.choice is None and len(op.outputs) == 1
-                and problem.tensors[op.outputs[0]].role == "grad"
-                and isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags)
+                and problem.tensors[op.outputs[0]].role == "grad" and _pointwise(targets.get(op.name)))
 
     def overwritten(op) -> int | None:
         size = problem.out_bytes(op)
@@ -132,6 +129,10 @@ def summed_in_place(problem: Problem, gm: torch.fx.GraphModule) -> Problem:
     ops = [replace(op, pytorch=replace(op.pytorch, overwrites=t))
            if summed(op) and (t := overwritten(op)) is not None else op for op in problem.ops]
     return replace(problem, ops=tuple(ops))
+
+
+def _pointwise(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
 
 
 def _fuses_its_inputs(target) -> bool:
