@@ -41,7 +41,7 @@ from .implementations import (
 )
 from .optimizer import measure_update
 from .pieces import RECOMPUTED
-from .profile import Feed, measure_times, measure_workspace
+from .profile import Feed, measure_convolution_layouts, measure_times, measure_workspace
 
 
 def costed_problem(step: TracedStep, analysis: GraphAnalysis, cost_model: str = "measured", *,
@@ -101,5 +101,6 @@ __all__ = [
     "allocation_bytes", "analyze", "analytic_times", "channels_last_copies", "cost_graph", "costed_problem",
     "fingerprint", "fused_reruns", "summed_in_place",
     "write_time",
-    "measure_times", "measure_workspace", "model_device", "sharded_parameters", "tensor_spec", "with_workspace",
+    "measure_convolution_layouts", "measure_times", "measure_workspace", "model_device", "sharded_parameters",
+    "tensor_spec", "with_workspace",
 ]

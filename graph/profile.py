@@ -183,6 +183,36 @@ def measure_times(analysis: GraphAnalysis, gm: torch.fx.GraphModule, feed: Feed,
     return times
 
 
+CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
+
+
+def measure_convolution_layouts(gm: torch.fx.GraphModule, feed: Feed, *, repeats: int = 3, warmup: int = 1,
+                                seed: int = 0) -> tuple[float, float]:
+    """Seconds that the convolutions of `gm` (forward and backward) take with their 4-D operands in
+    PyTorch's contiguous layout and channels-last, as Inductor's layout optimization runs them: each
+    convolution timed both ways on the same values, the runs alternating so that the machine's drift
+    falls on both (medians of `repeats` after `warmup`, summed over the graph's convolutions)."""
+    def channels_last(x):
+        return x.contiguous(memory_format=torch.channels_last) if isinstance(x, torch.Tensor) and x.dim() == 4 else x
+
+    device, total = feed.device, [0.0, 0.0]
+
+    def timed(node, call):
+        if node.target not in CONVOLUTIONS:
+            return call()
+        laid_out = functools.partial(node.target, *map(channels_last, call.args), **call.keywords)
+        for _ in range(warmup):
+            call(), laid_out()
+        samples = [median_time(run, device, 1, 0)[0] for _ in range(repeats) for run in (call, laid_out)]
+        total[0] += statistics.median(samples[0::2])
+        total[1] += statistics.median(samples[1::2])
+        return call()
+
+    with torch.no_grad():
+        _walk(gm, feed.values(gm, seed), timed)
+    return total[0], total[1]
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

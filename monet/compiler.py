@@ -35,6 +35,7 @@ from monet.graph import (
     inductor_compile_backward,
     inductor_excluded,
     inductor_fused,
+    measure_convolution_layouts,
     measure_workspace,
     structure,
     summed_in_place,
@@ -53,15 +54,19 @@ from .budget import check_budget, is_least, parse_budget
 from .progress import progress_display
 from .runtime import ExecutionPlan, make_partition
 
+LAYOUTS = ("priced", "inductor", "off")
+
 
 class Backend:
     """A torch.compile backend (see `backend`). `regions` holds the schedule file of every region it
     has compiled for training so far, in the order torch.compile compiled them."""
 
     def __init__(self, budget: str | int | float, settings: SolveSettings, *, cost_model: str,
-                 schedules: str | os.PathLike | None, progress: Progress | bool):
+                 schedules: str | os.PathLike | None, progress: Progress | bool, layout: str):
         check_budget(budget)  # a budget that does not parse fails here, not inside torch.compile
-        self.budget, self.settings, self.cost_model = budget, settings, cost_model
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout {layout!r} is not one of {', '.join(map(repr, LAYOUTS))}")
+        self.budget, self.settings, self.cost_model, self.layout = budget, settings, cost_model, layout
         self.schedules = None if schedules is None else Path(schedules)
         self.progress = progress
         self.regions: list[ScheduleFile] = []
@@ -122,20 +127,16 @@ class Backend:
                 return saved, problem
         meta = {"model": name, "input": Inputs.tensor(_batch_spec(inputs, static)).to_json()}
         inputs = tuple(_real(x) for x in inputs)
-        copies = 0 if is_least(self.budget) else channels_last_copies(joint)
-        layout = None
         # The partitioner runs under AOTAutograd's fake mode; profiling runs real tensors, and leaves
         # the random generators as it found them (the step's dropout masks stay eager's).
         with unset_fake_temporarily(), torch.random.fork_rng(
                 devices=[x.device for x in inputs if x.device.type == "cuda"][:1]):
             feed = Feed(region, inputs)
+            write = write_time(feed.device, self.cost_model)
+            layout = None if is_least(self.budget) else self._layout(name, joint, analysis, feed, write, progress)
             problem = cost_graph(joint, analysis, feed, self.cost_model, meta,
                                  implementations=self.settings.implementations or bool(self.settings.options),
                                  progress=lambda stage, done, total: progress(f"{name}: {stage}", done, total, ""))
-            write = write_time(feed.device, self.cost_model)
-            if copies:
-                progress(f"{name}: measuring workspace channels-last", 0, None, "")
-                layout = copies, measure_workspace(analysis, joint, feed, channels_last=True).per_op
         problem = summed_in_place(sink_gradients(fused_reruns(problem, joint, inductor_fused(joint, analysis), write)),
                                   joint)
         if problem.choices:
@@ -146,16 +147,41 @@ class Backend:
             schedule_file.save(path)
         return schedule_file, problem
 
+    def _layout(self, name: str, joint: torch.fx.GraphModule, analysis: GraphAnalysis, feed: Feed, write: float,
+                progress: Progress) -> tuple[int, dict[str, int]] | None:
+        """Whether the region is solved for Inductor's layout optimization, as `_solve` takes it: (the bytes
+        of the channels-last copies it makes, each op's workspace measured channels-last), or None (off).
+        'inductor': where Inductor would optimize the layout (graph.channels_last_copies); 'priced' (the
+        default): there, and only where running the convolutions channels-last saves more time than the
+        copies take (the inputs' copies and the weight gradients' copies back, `write` seconds per byte),
+        both measured here and shown as progress (on this EPYC, VGG-16's and UNet's convolutions ran no
+        faster channels-last, and their compiled steps 13 % and 17 % slower with the layout on;
+        MobileNetV2's 11 % faster); 'off': never."""
+        copies = 0 if self.layout == "off" else channels_last_copies(joint)
+        if copies and self.layout == "priced":
+            progress(f"{name}: timing convolutions contiguous and channels-last", 0, None, "")
+            contiguous, channels_last = measure_convolution_layouts(joint, feed)
+            on = channels_last + 2 * copies * write < contiguous
+            progress(f"{name}: convolutions {contiguous * 1e3:.2f} ms contiguous, {channels_last * 1e3:.2f} ms "
+                     f"channels-last, copies {2 * copies * write * 1e3:.2f} ms: layout optimization "
+                     f"{'on' if on else 'off'}", 0, None, "")
+            if not on:
+                return None
+        if not copies:
+            return None
+        progress(f"{name}: measuring workspace channels-last", 0, None, "")
+        return copies, measure_workspace(analysis, joint, feed, channels_last=True).per_op
+
     def _solve(self, name: str, problem: Problem, layout: tuple[int, dict[str, int]] | None,
                progress: Progress) -> tuple[ScheduleFile, Problem]:
-        """The region's schedule and the problem it solves. Where Inductor would run convolutions
-        channels-last (faster on CPU: torch.compile does), `layout` is (the bytes of the copies it
-        makes, graph.channels_last_copies; each op's workspace measured channels-last), else None. Its
+        """The region's schedule and the problem it solves. Where the region runs its convolutions
+        channels-last (see `_layout`), `layout` is (the bytes of the copies Inductor makes,
+        graph.channels_last_copies; each op's workspace measured channels-last), else None. Its
         layout optimization then stays on, with the copies held for the whole step and the ops'
         channels-last workspace (MobileNetV2's depthwise convolution backward at 8x96x64x64 allocated
-        12.0 MiB, its gradient, channels-last and 27.0 MiB contiguous); where the budget is 'least', or the
-        solve finds no schedule within it so, it is turned off and the problem is as profiled (a
-        percentage budget is then of the region's peak without the copies)."""
+        12.0 MiB, its gradient, channels-last and 27.0 MiB contiguous); where the solve finds no
+        schedule within the budget so, it is turned off and the problem is as profiled (a percentage
+        budget is then of the region's peak without the copies)."""
         def solve(p: Problem) -> ScheduleFile:
             return solve_traced(p, self.budget, name, self.settings,
                                 progress=lambda stage, *state: progress(f"{name}: {stage}", *state))
@@ -209,7 +235,8 @@ def _batch_spec(inputs: tuple, static: set[int]) -> InputSpec:
 
 
 def backend(budget: str | int | float, settings: SolveSettings | None = None, *, cost_model: str = "measured",
-            schedules: str | os.PathLike | None = None, progress: Progress | bool = True, **changes) -> Backend:
+            schedules: str | os.PathLike | None = None, progress: Progress | bool = True, layout: str = "priced",
+            **changes) -> Backend:
     """A torch.compile backend that trains the model by monet schedules:
     `torch.compile(model, backend=monet.backend("50%"))`.
 
@@ -222,7 +249,10 @@ def backend(budget: str | int | float, settings: SolveSettings | None = None, *,
     `settings` and the keyword `changes` are the solve settings (`time_limit`, `implementations`,
     `options`, ...; see SolveSettings), `cost_model` how op times are known ("measured" here, on the
     region's real inputs, or "analytic"); reruns of pointwise ops (and, on CPU, batch norm reruns from
-    saved statistics) are priced as fused (no time).
+    saved statistics) are priced as fused (no time). `layout`: whether Inductor's layout optimization
+    (convolutions channels-last, their inputs copied so) runs: "priced" (the default) where Inductor
+    would run it and the region's convolutions, timed here both ways whatever the cost model, save more
+    than the copies cost; "inductor" wherever Inductor would; "off" never. At 'least' it is off.
     Options that Inductor cannot run (dropout replayed from the generator state) are left out of the
     solve. Each region's backward runs its large parameter gradients last where that lowers the peak
     (solver.order), as Inductor's own reordering does. `schedules`, a directory, keeps each region's
@@ -236,4 +266,4 @@ def backend(budget: str | int | float, settings: SolveSettings | None = None, *,
     still measure a few % over the prediction (README, "Compiled by Inductor").
     """
     return Backend(budget, settings_of(settings, **changes), cost_model=cost_model, schedules=schedules,
-                   progress=progress)
+                   progress=progress, layout=layout)

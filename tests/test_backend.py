@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 
 import pytest
 import torch
@@ -45,7 +46,7 @@ def test_backend_trains_like_torch_compile_in_about_half_the_memory():
     model, shape = small_model("cnn")
     reference, plain = copy.deepcopy(model), copy.deepcopy(model)
     spec, x = InputSpec(shape), small_batch("cnn")
-    backend = monet.backend("52%", **{**FAST, "time_limit": 240, "gap": 0.02})
+    backend = monet.backend("52%", **{**FAST, "time_limit": 240, "gap": 0.02}, layout="inductor")
     compiled = compiled_module(model, spec, backend=backend)
     errors_within_rounding(gradient_errors(compiled, model, reference, x), inductor_rounding("cnn", spec))
     (region,) = backend.regions
@@ -142,6 +143,8 @@ def test_bad_arguments_say_what_to_do():
         monet.backend("half")
     with pytest.raises(TypeError):
         monet.backend("50%", time_limt=3)
+    with pytest.raises(ValueError, match="'priced', 'inductor', 'off'"):
+        monet.backend("50%", layout="channels_last")
     torch._dynamo.reset()
     compiled = torch.compile(torch.nn.Linear(4, 2), backend=monet.backend("50%", **FAST), dynamic=True)
     with pytest.raises(Exception, match="dynamic=False"):
@@ -253,11 +256,12 @@ def test_layout_optimization_is_turned_off_where_its_copies_do_not_fit(tmp_path)
     model, shape = small_model("cnn")
     spec, x = InputSpec(shape), small_batch("cnn")
     rounding = inductor_rounding("cnn", spec)
-    laid_out = train(model, spec, x, rounding, monet.backend("70%", **FAST, schedules=tmp_path))
+    laid_out = train(model, spec, x, rounding, monet.backend("70%", **FAST, schedules=tmp_path, layout="inductor"))
     assert laid_out.layout_optimization and json.loads(next(tmp_path.iterdir()).read_text())["layout_optimization"]
     stages = []
     assert train(model, spec, x, rounding, monet.backend(
-        "70%", **FAST | {"progress": lambda s, *_: stages.append(s)}, schedules=tmp_path)) == laid_out
+        "70%", **FAST | {"progress": lambda s, *_: stages.append(s)}, schedules=tmp_path,
+        layout="inductor")) == laid_out
     assert all("reusing" in s for s in stages)
 
     torch.manual_seed(0)
@@ -266,12 +270,42 @@ def test_layout_optimization_is_turned_off_where_its_copies_do_not_fit(tmp_path)
     with TracedStep(wide, spec) as step:
         copies = channels_last_copies(step.graph_module)
     rounding = compile_rounding(wide, spec, x)
-    least = train(wide, spec, x, rounding, monet.backend("least", **FAST))
+    least = train(wide, spec, x, rounding, monet.backend("least", **FAST, layout="inductor"))
     assert not least.layout_optimization
     between = least.predicted.peak + copies // 2  # fits without the copies; the least with them held is above it
     with pytest.warns(UserWarning, match="with that optimization off"):
-        region = train(wide, spec, x, rounding, monet.backend(between, **FAST))
+        region = train(wide, spec, x, rounding, monet.backend(between, **FAST, layout="inductor"))
     assert not region.layout_optimization and region.budget == between
+
+
+def test_the_layout_optimization_is_on_where_its_measured_price_says():
+    """layout='priced' (the default) times the CNN's convolutions contiguous and channels-last and runs
+    Inductor's layout optimization only where channels-last saves more than its copies cost, as its
+    progress line says: the region's schedule file agrees with the figures shown. Either way gradients
+    stay within Inductor's rounding and the schedule fits its budget; 'off' never times nor turns it on."""
+    model, shape = small_model("cnn")
+    spec, x = InputSpec(shape), small_batch("cnn")
+    rounding = inductor_rounding("cnn", spec)
+    for layout in ("priced", "off"):
+        torch._dynamo.reset()
+        trained, stages = copy.deepcopy(model), []
+        backend = monet.backend("70%", **FAST | {"progress": lambda s, *_, seen=stages: seen.append(s)}, layout=layout)
+        errors_within_rounding(gradient_errors(compiled_module(trained, spec, backend=backend), trained,
+                                               copy.deepcopy(model), x), rounding)
+        (region,) = backend.regions
+        assert region.predicted.peak <= region.budget
+        priced = [re.search(r"convolutions ([\d.]+) ms contiguous, ([\d.]+) ms channels-last, copies ([\d.]+) ms: "
+                            r"layout optimization (on|off)", s) for s in stages]
+        priced = [m for m in priced if m]
+        if layout == "off":
+            assert not priced and not region.layout_optimization
+            continue
+        (price,) = priced
+        contiguous, channels_last, copies = (float(price[i]) for i in (1, 2, 3))
+        assert contiguous > 0 and channels_last > 0 and copies > 0
+        assert (price[4] == "on") == region.layout_optimization
+        if abs(channels_last + copies - contiguous) > 0.02:  # (the figures are shown to 0.01 ms)
+            assert (price[4] == "on") == (channels_last + copies < contiguous)
 
 
 def test_a_flattened_feature_map_compiles_with_the_layout_optimization():
@@ -287,7 +321,7 @@ def test_a_flattened_feature_map_compiles_with_the_layout_optimization():
     spec = InputSpec((8, 3, 16, 16))
     x = torch.randn(spec.shape, generator=torch.Generator().manual_seed(1))
     rounding = compile_rounding(model, spec, x)
-    backend = monet.backend("100%", **FAST)
+    backend = monet.backend("100%", **FAST, layout="inductor")
     compiled = compiled_module(model, spec, backend=backend)
     errors_within_rounding(gradient_errors(compiled, model, copy.deepcopy(model), x), rounding)
     (region,) = backend.regions
