@@ -154,9 +154,9 @@ class Backend:
         'inductor': where Inductor would optimize the layout (graph.channels_last_copies); 'priced' (the
         default): there, and only where running the convolutions channels-last saves more time than the
         copies take (the inputs' copies and the weight gradients' copies back, `write` seconds per byte),
-        both measured here and shown as progress (on this EPYC, VGG-16's and UNet's convolutions ran no
-        faster channels-last, and their compiled steps 13 % and 17 % slower with the layout on;
-        MobileNetV2's 11 % faster); 'off': never."""
+        both measured here and shown as progress (by hand on this EPYC, VGG-16's and UNet's convolutions
+        ran no faster channels-last, and their compiled steps 13 % and 17 % faster with the layout off;
+        MobileNetV2's 11 % faster with it on); 'off': never."""
         copies = 0 if self.layout == "off" else channels_last_copies(joint)
         if copies and self.layout == "priced":
             progress(f"{name}: timing convolutions contiguous and channels-last", 0, None, "")
