@@ -132,11 +132,11 @@ class Backend:
         with unset_fake_temporarily(), torch.random.fork_rng(
                 devices=[x.device for x in inputs if x.device.type == "cuda"][:1]):
             feed = Feed(region, inputs)
-            write = write_time(feed.device, self.cost_model)
-            layout = None if is_least(self.budget) else self._layout(name, joint, analysis, feed, write, progress)
             problem = cost_graph(joint, analysis, feed, self.cost_model, meta,
                                  implementations=self.settings.implementations or bool(self.settings.options),
                                  progress=lambda stage, done, total: progress(f"{name}: {stage}", done, total, ""))
+            write = write_time(feed.device, self.cost_model)
+            layout = None if is_least(self.budget) else self._layout(name, joint, analysis, feed, write, progress)
         problem = summed_in_place(sink_gradients(fused_reruns(problem, joint, inductor_fused(joint, analysis), write)),
                                   joint)
         if problem.choices:
