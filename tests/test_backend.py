@@ -38,15 +38,15 @@ def test_backend_trains_like_torch_compile_in_about_half_the_memory():
     ops, not Inductor's buffers: 5.5 to 8.4 % under the measurement before the channels-last workspace
     was counted, 3.3 % over it since (README, "Compiled by Inductor"), so the bound is that with a
     margin, not the 3 % the uncompiled runtime meets. The
-    solve runs to a 5 % gap or 60 s (to a 2 % gap: 34 s here alone; 196-213 s to the default 0.5 %; in a CI
-    run of 2026-12-03, beside the other test worker, it stopped at a 240 s limit instead): the
+    solve runs to a 2 % gap or 120 s (34 s here; 196-213 s to the default 0.5 %; in a CI run of 2026-12-03
+    on a machine 1.4x slower, beside the other test worker, it stopped at a 240 s limit instead): the
     schedule must be the ILP's, since the heuristic one it falls back on measured 17.5 % over. 52 %, not
     50 %: the region's peak holds Inductor's channels-last copies (0.86 MiB), and 52 % leaves the
     activations the room 50 % left without them; at 50 % the solve stopped at 240 s 4 % from its bound."""
     model, shape = small_model("cnn")
     reference, plain = copy.deepcopy(model), copy.deepcopy(model)
     spec, x = InputSpec(shape), small_batch("cnn")
-    backend = monet.backend("52%", **{**FAST, "time_limit": 60, "gap": 0.05}, layout="inductor")
+    backend = monet.backend("52%", **{**FAST, "time_limit": 120, "gap": 0.02}, layout="inductor")
     compiled = compiled_module(model, spec, backend=backend)
     errors_within_rounding(gradient_errors(compiled, model, reference, x), inductor_rounding("cnn", spec))
     (region,) = backend.regions
