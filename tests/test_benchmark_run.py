@@ -17,18 +17,15 @@ from benchmarks.run import input_shape, main  # noqa: E402
 # Checkmate's MILP may find no schedule within the time limit (it is slow to find a first one);
 # its row must say so. Every other competitor must run on this model.
 MAY_FIND_NONE = {"checkmate"}
-# At the "least" budget, the least peak monet's search found choosing how ops run, checkpointing alone may
-# have no schedule (a full-suite run found the least at 49.4 %, below checkpointing's 50 %); the row must
-# say so. At 60 % it must run. monet-compiled seeks its own least there, so it runs at both; at 100 % it
-# solves at its region's own unconstrained peak (which holds more than the traced problem's).
-LEAST_MAY_FIND_NONE = {"monet-checkpointing"}
 
 
+# Two budgets: each compiled competitor compiles anew at each, minutes from a cold Inductor cache. At 100 %
+# monet-compiled solves at its region's own unconstrained peak (which holds more than the traced problem's).
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     done = subprocess.run([sys.executable, "-m", "benchmarks.run", "cnn", "--quick",
-                           "--budgets", "least", "60%", "100%", "--time-limit", "5", "--steps", "2",
+                           "--budgets", "60%", "100%", "--time-limit", "5", "--steps", "2",
                            "--cache", str(out / "cache"), "-o", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -39,21 +36,17 @@ def test_every_competitor_has_a_row(results):
     _, data = results
     rows = data["rows"]
     assert {r["competitor"] for r in rows} == set(FAMILIES)
-    least = min(r["budget"] for r in rows if r["competitor"] == "monet")
     for r in rows:
         measured = r["measured_peak"] is not None
-        may_find_none = r["competitor"] in MAY_FIND_NONE or (
-            r["competitor"] in LEAST_MAY_FIND_NONE and r["budget"] == least)
-        if may_find_none and not measured:
+        if r["competitor"] in MAY_FIND_NONE and not measured:
             assert r["status"].startswith(("no schedule", "infeasible")), r
             continue
         assert measured and r["measured_peak"] > 0 and r["step_time_s"] > 0, r
     budgeted = [r for r in rows if r["budget"] is not None]
-    assert {len([r for r in budgeted if r["competitor"] == c]) for c in ("monet", "torch.compile")} == {3}
+    assert {len([r for r in budgeted if r["competitor"] == c]) for c in ("monet", "torch.compile")} == {2}
     compiled = {r["name"]: r for r in rows if r["competitor"] == "monet-compiled"}
-    assert sorted(compiled) == ["monet-compiled@100%", "monet-compiled@60%", "monet-compiled@least"]
-    assert compiled["monet-compiled@least"]["predicted_peak"] <= compiled["monet-compiled@least"]["budget"] \
-        < compiled["monet-compiled@60%"]["budget"]
+    assert sorted(compiled) == ["monet-compiled@100%", "monet-compiled@60%"]
+    assert compiled["monet-compiled@60%"]["predicted_peak"] <= compiled["monet-compiled@60%"]["budget"]
     full = max(r["budget"] for r in budgeted if r["competitor"] == "monet")
     unconstrained = compiled["monet-compiled@100%"]
     assert unconstrained["predicted_peak"] <= unconstrained["budget"] and unconstrained["budget"] >= full, unconstrained
@@ -65,7 +58,7 @@ def test_monet_within_budget_and_predicted(results):
              and r["measured_peak"] is not None]
     assert {(r["competitor"], r["name"].split("@")[1]) for r in monet} >= {
         ("monet", "60%"), ("monet-checkpointing", "60%")}
-    assert len([r for r in monet if r["competitor"] == "monet"]) == 3
+    assert len([r for r in monet if r["competitor"] == "monet"]) == 2
     for r in monet:
         assert r["measured_peak"] <= r["budget"] + 64, r  # + the loss scalar: the caller's, not the step's
         assert r["measured_peak"] == pytest.approx(r["predicted_peak"], rel=0.03), r
