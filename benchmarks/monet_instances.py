@@ -53,11 +53,12 @@ EFFORT = 1.0  # what the solves here use: the time limit cuts every UNet solve, 
 # it stops and leaves the rest to the next (solver.solve's STALL_SHARE; UNet 6 and 9 GB gained, by hand).
 SETTINGS = SolveSettings(formulation=("compact", "general", "general"), horizon=("auto", 40, None),
                          implementations=True, gap=1e-4)
-# GoogLeNet's automatic horizon is 10-30 of its 280 stages (the compact formulation nears its optimum there in
-# 35 s), and its better schedules rerun further ahead: the compact formulation at most 60 stages ahead, started
-# from that schedule, takes the second rung (5 GB: +0.72 % -> +0.39 % of Gurobi's; at any distance it stalled
-# at +0.72 %, at 40 stages too), the general one at any distance the last. The same ladder shape on UNet 5 GB
-# ended at +11.2 % (was +1.47 %), so it is GoogLeNet's alone: settings chosen per model, by measurement.
+# GoogLeNet's automatic horizon is 10-30 of its 280 stages (the compact formulation is within 0.2 % of its
+# bound there at 37 s on 5 GB), and its better schedules rerun further ahead: the compact formulation at most
+# 60 stages ahead, started from that schedule, takes the second rung (5 GB: +0.72 % -> +0.39 % of Gurobi's;
+# at any distance it stalled at +0.72 %, at 40 stages too), the general one at any distance the last. The
+# same ladder shape on UNet 5 GB ended at +11.2 % (was +1.47 %), so it is GoogLeNet's alone: settings chosen
+# per model, by measurement.
 # A neighbourhood search after the search (SolveSettings.polish) is no model's setting: on UNet it trades
 # instances (README, "MONeT's instances"). Beside the search, in a second process (SolveSettings.workers),
 # it takes no time from the ladder: each solve uses two cores (WORKERS), so run one solve at a time.
