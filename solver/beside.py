@@ -5,7 +5,10 @@ so a second core would otherwise idle. Each worker runs the neighbourhood search
 solver/polish.py on the best schedule found so far: the search hands over every better schedule
 it finds (HiGHS's incumbents, each rung's result), and a worker goes on from any that is faster
 than its own; it sends back each faster schedule it finds, which the solve returns where it is the
-fastest. A worker is a fresh interpreter (running `serve`), which needs no `if __name__ ==
+fastest. Where no schedule within the budget is at hand and the search seeks one (its least-peak
+search), each worker seeks one too, with a seed of its own, until either side finds one: which
+search finds one first, and when, varies with the seed (MONeT's UNet at 5 GB: in 35 s with one
+seed, not in 300 s with another). A worker is a fresh interpreter (running `serve`), which needs no `if __name__ ==
 "__main__"` guard in the caller's script, talks over one socket, runs in a session of its own
 (Ctrl-C reaches the solve, which stops it) and exits at its deadline or when the solve goes away.
 """
@@ -53,6 +56,13 @@ class Beside:
             self.best, self.found = (schedule, replay), False
             for _, link in self._links:
                 _send(link, schedule)
+
+    def seek(self, settings, start: Schedule | None) -> None:
+        """The search has no schedule within the budget and seeks one: a least-peak search as `settings`
+        (a SolveSettings of one formulation) say, from `start` (a schedule over the budget, or None).
+        Each worker runs one too, with its own seed, until a schedule within the budget is at hand."""
+        for _, link in self._links:
+            _send(link, ("seek", settings, start))
 
     def fastest(self) -> tuple[Schedule, Replay] | None:
         """The fastest schedule seen so far, after what the workers sent."""
@@ -106,9 +116,9 @@ class _Inbox:
         return messages
 
 
-def _send(link: Connection, schedule: Schedule) -> None:
+def _send(link: Connection, message) -> None:
     try:
-        link.send(schedule)
+        link.send(message)
     except OSError:  # the worker ended (its deadline): nothing to tell it
         pass
 
@@ -123,27 +133,67 @@ def _work(link: Connection) -> None:
     inbox.listen(link)
     formulation, posed, unpose, bound = neighbourhoods(problem, budget, settings)
     link.send(("bound", bound))
+    schedules: list[Schedule] = []  # handed over, not yet taken
+    seeks: list[tuple] = []  # ("seek", settings, start): the search seeks a first schedule
 
-    def fresh() -> Schedule | None:
-        """The newest schedule handed over since the last look (each is faster than those before);
-        EOFError once the solve has gone."""
+    def look() -> None:
+        """What arrived since the last look; EOFError once the solve has gone."""
         newest = inbox.take()
         if not newest and not inbox.open:
             raise EOFError
-        return newest[-1].remap(problem, posed) if newest else None
+        schedules.extend(m for m in newest if isinstance(m, Schedule))
+        seeks.extend(m for m in newest if not isinstance(m, Schedule))
+
+    def fresh() -> Schedule | None:
+        """The newest schedule handed over since the last look (each is faster than those before)."""
+        look()
+        newest = schedules[-1].remap(problem, posed) if schedules else None
+        schedules.clear()
+        return newest
 
     def improved(schedule: Schedule, _replay: Replay) -> None:
         link.send(("schedule", unpose(schedule)))
 
-    # Wait for a schedule, search from it until the deadline (or at once back here, for a start
-    # the formulation cannot pose), and so on, while the solve is there.
+    # Wait for a schedule (seeking one where the search does), search from it until the deadline (or
+    # at once back here, for a start the formulation cannot pose), and so on, while the solve is there.
     while time.perf_counter() < until - 1.0:
         start = fresh()
+        if start is not None:
+            seeks.clear()  # a schedule is at hand: no one seeks any more
+        elif seeks:
+            _, seeking, given = seeks.pop()
+            seeks.clear()
+            found = _seek(problem, budget, seeking.but(seed=settings.seed), given, look, lambda: bool(schedules))
+            if found is not None:
+                link.send(("schedule", found))
+                start = found.remap(problem, posed)
         if start is None:
             time.sleep(TICK)
             continue
         neighbourhood_search(formulation, start, budget, until, seed=settings.seed,
                              heuristic_effort=settings.heuristic_effort, improved=improved, fresh=fresh)
+
+
+class _Arrived(Exception):
+    """A schedule within the budget arrived from the other side while this one sought one."""
+
+
+def _seek(problem: Problem, budget: int, settings, start: Schedule | None, look, arrived) -> Schedule | None:
+    """A least-peak search as `settings` say, from `start`, stopped at its first schedule within `budget`
+    (which it returns) or where `arrived()` says one came from elsewhere after `look()` (None)."""
+    from .result import SolverFailedError
+    from .solve import least_peak
+
+    def watch(*_) -> None:
+        look()
+        if arrived():
+            raise _Arrived
+
+    try:
+        least = least_peak(problem, settings, target=budget, start=start, progress=watch)
+    except (_Arrived, SolverFailedError):
+        return None
+    return least.schedule if least.schedule is not None and simulate(problem, least.schedule).peak <= budget else None
 
 
 def serve(fd: int) -> None:

@@ -53,7 +53,12 @@ class InfeasibleBudgetError(MonetError, ValueError):
 
 
 class SolverFailedError(MonetError, RuntimeError):
-    """The solver stopped without a usable schedule."""
+    """The solver stopped without a usable schedule; `least`, where a least-peak search ran, is what it
+    found (the lowest peak reached, with its schedule: a longer search can start from it)."""
+
+    def __init__(self, message: str, least: LeastPeak | None = None):
+        super().__init__(message)
+        self.least = least
 
 
 @dataclass(frozen=True)

@@ -133,10 +133,15 @@ def _general_warm(formulation: General, problem: Problem, fixed: dict[str, str],
     its horizon admits."""
     posed = formulation.problem
     same = [(replay.time, schedule.remap(problem, posed)) for schedule, replay in fitting
-            if all(schedule.options.get(c, problem.choice_named[c].options[0]) == o for c, o in fixed.items())]
+            if _runs_as(schedule, problem, fixed)]
     starts = sorted(same + ([(found.replay.time, found.schedule)] if found else []), key=lambda pair: pair[0])
     return next((values for _, schedule in starts for values in [formulation.warm_from(schedule)]
                  if values is not None), None)
+
+
+def _runs_as(schedule: Schedule, problem: Problem, fixed: dict[str, str]) -> bool:
+    """Whether `schedule` (of `problem`) runs ops as `fixed` says."""
+    return all(schedule.options.get(c, problem.choice_named[c].options[0]) == o for c, o in fixed.items())
 
 
 def _horizon_text(horizon: int | None) -> str:
@@ -170,19 +175,18 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     the best schedule so far, and returns the last, which is never slower; a rung before the last
     whose search finds no better schedule for STALL_SHARE of its share stops and leaves the rest to
     the rungs after it.
-    The solver starts from the fastest of Chen's greedy schedules that fits (or the fastest one shaved
-    to fit), with ops run as PyTorch runs them, in their leanest way or in the way they rerun fastest,
-    or from `start` (a schedule of this problem) where
-    that fits and is faster; where none fits, from the first schedule that a least-peak search
-    finds within the budget (on up to half the time left); when the compact formulation chooses
-    implementations it first solves checkpointing alone on a third of the time limit and starts
-    from that (in a ladder, at the first rung only: later rungs start from what beat it), where a
-    heuristic schedule of checkpointing alone fits (without one, that third went to a search that
-    rarely found any: a BERT Adam step at 50 % ended heuristic, +34 %, at 15 s; now +11.5 %); when the
-    general formulation chooses implementations whose options trade time for workspace (convolution
-    algorithms: heuristics.fastest_kernels), it first solves with the fastest of them fixed on a third
-    of the time limit and starts from that where faster (in a ladder, at general rungs with reruns at
-    any distance only).
+    The solver starts from the fastest of Chen's greedy schedules that fits (or the fastest one shaved to fit),
+    with ops run as PyTorch runs them, in their leanest way or in the way they rerun fastest, or from `start` (a
+    schedule of this problem) where that fits and is faster; where none fits, from the first schedule that a
+    least-peak search finds within the budget (on up to half the time left; from `start` where it peaks lower
+    than the heuristics' schedules, and in a ladder from the lowest peak an earlier rung reached); when the
+    compact formulation chooses implementations it first solves checkpointing alone on a third of the time limit
+    and starts from that (in a ladder, at the first rung only: later rungs start from what beat it), where a
+    heuristic schedule of checkpointing alone fits (without one, that third went to a search that rarely found
+    any: a BERT Adam step at 50 % ended heuristic, +34 %, at 15 s; now +11.5 %); when the general formulation
+    chooses implementations whose options trade time for workspace (convolution algorithms:
+    heuristics.fastest_kernels), it first solves with the fastest of them fixed on a third of the time limit and
+    starts from that where faster (in a ladder, at general rungs with reruns at any distance only).
     It stops when the predicted step time is proven within `gap` (relative) of the best possible in the
     formulation, or at `time_limit` seconds with the best schedule found and its proven gap (HiGHS
     can overrun it on the largest problems: README). Same input, same seed: same schedule, unless
@@ -312,14 +316,16 @@ def _rung_text(formulation: str, horizon: int | None | str, settings: SolveSetti
 def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
             baseline: tuple[Schedule, Replay], beside: Beside | None) -> Solution:
     """`solve` at each rung of the ladder (see _rungs) in turn, each on an equal share of the time left and
-    started from the best schedule so far (a neighbourhood search's beside it where that is faster), all but
-    the last stopped where they stall (STALL_SHARE); the last solution, which is no slower than any before it."""
+    started from the best schedule so far (a neighbourhood search's beside it where that is faster; until one
+    fits, the least-peak search's schedule of least peak), all but the last stopped where they stall
+    (STALL_SHARE); the last solution, which is no slower than any before it."""
     rungs = _rungs(settings)
     began, best, warnings = time.perf_counter(), None, []
+    lowest = start  # until a rung finds a schedule within the budget: the one of least peak found so far
     for i, (formulation, horizon) in enumerate(rungs):
         share = (settings.time_limit - (time.perf_counter() - began)) / (len(rungs) - i)
         last = i == len(rungs) - 1
-        rung_start = best.schedule if best else start
+        rung_start = best.schedule if best else lowest
         found = beside.fastest() if best is not None and beside is not None else None
         if found is not None and found[1].time < best.replay.time:
             rung_start = found[0]
@@ -331,7 +337,10 @@ def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Sched
                               kernels_first=formulation == "general" and horizon is None,
                               beside=beside,
                               stall=None if last else STALL_SHARE * share)
-        except (_NoSchedule, SolverFailedError):
+        except (_NoSchedule, SolverFailedError) as failed:
+            least = getattr(failed, "least", None)
+            if least is not None and least.schedule is not None:
+                lowest = least.schedule  # the next rung's least-peak search goes on from it
             if not last or best is not None:
                 continue
             raise
@@ -347,6 +356,10 @@ def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Sched
 
 class _NoSchedule(Exception):
     """The formulation proved the budget infeasible (not explained: no least-peak search)."""
+
+
+class _Reached(Exception):
+    """The least-peak search found a schedule within its target, or a worker beside it did (it stops there)."""
 
 
 def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
@@ -415,9 +428,9 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         # No heuristic schedule fits, and HiGHS's own heuristics may find none in time: the least-peak
         # search, stopped at its first schedule within the budget, gives the search one to start from,
         # or proves that none fits.
-        sought = _least_within(problem, budget, settings.but(
-            horizon=horizon, time_limit=max(1.0, time_limit - (time.perf_counter() - began)) / 2), progress, label,
-            None if options else baseline_replay)
+        seeking = settings.but(horizon=horizon, time_limit=max(1.0, time_limit - (time.perf_counter() - began)) / 2)
+        sought = _least_within(problem, budget, seeking, progress, label, None if options else baseline_replay, start,
+                               beside)
         if sought is not None and sought.bound > budget:
             if not explain:
                 raise _NoSchedule
@@ -479,7 +492,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         return dataclasses.replace(solution, note=_with_warnings(note, warnings), warnings=tuple(warnings))
     if result.values is None and not explain:
         raise _NoSchedule if result.status == "infeasible" else SolverFailedError(
-            f"HiGHS stopped ({result.status}) before finding any schedule within {time_limit:g} s")
+            f"HiGHS stopped ({result.status}) before finding any schedule within {time_limit:g} s", sought)
     if result.values is None:
         unconstrained = baseline_replay if not options else simulate(problem, keep_all(problem))
         try:
@@ -491,7 +504,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
             least = None
         if result.status == "infeasible" or (least is not None and least.bound > budget):
             raise InfeasibleBudgetError(budget, least, formulation.name)
-        raise SolverFailedError(_no_schedule_message(budget, unconstrained.peak, time_limit, least))
+        raise SolverFailedError(_no_schedule_message(budget, unconstrained.peak, time_limit, least), least)
     schedule = _unpose(formulation.schedule(result.values), posed, problem, fixed)
     replay = simulate(problem, schedule)
     objective = formulation.fixed_time + result.objective / 1e3
@@ -521,15 +534,26 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
 
 
 def _least_within(problem: Problem, budget: int, settings: SolveSettings, progress: Progress, label: str,
-                  unconstrained: Replay | None) -> LeastPeak | None:
-    """The least-peak search, stopped at its first schedule within `budget`; None if it finds no
-    schedule at any budget in `settings.time_limit`."""
+                  unconstrained: Replay | None, start: Schedule | None, beside: Beside | None) -> LeastPeak | None:
+    """The least-peak search from `start` (a schedule over the budget, or None), stopped at its first
+    schedule within `budget`, or at one that a worker beside it found (each seeks one too; see
+    Beside.seek); None if it finds no schedule at any budget in `settings.time_limit`."""
     stage = label + "a first schedule within the budget: "
+
+    def watch(inner: str, *state) -> None:
+        if beside is not None and beside.fastest() is not None:
+            raise _Reached
+        progress(stage + inner, *state)
+
+    if beside is not None:
+        beside.seek(settings, start)
     try:
-        return least_peak(problem, settings, target=budget, unconstrained=unconstrained,
-                          progress=lambda inner, *state: progress(stage + inner, *state))
+        return least_peak(problem, settings, target=budget, unconstrained=unconstrained, start=start, progress=watch)
     except SolverFailedError:
         return None
+    except _Reached:
+        schedule, replay = beside.fastest()
+        return LeastPeak(replay.peak, 0, schedule, None, None)
 
 
 TIME_TOLERANCE = 1e-5  # relative: HiGHS's price of a schedule and the simulator's step time agree within this
@@ -650,11 +674,15 @@ def _option_sets(posed: Problem, settings: SolveSettings) -> list[dict[str, str]
 
 
 def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progress: Progress | None = None,
-               unconstrained: Replay | None = None, target: int | None = None, **changes) -> LeastPeak:
+               unconstrained: Replay | None = None, target: int | None = None, start: Schedule | None = None,
+               **changes) -> LeastPeak:
     """The least budget (bytes) that the formulation can meet, as its memory rows count it, solving as
     `settings` with `changes` say (their gap does not apply: the least peak is sought until proven or
-    the time limit, or with `target` (bytes) until a schedule within it is found). `unconstrained`,
-    the replay of keep_all(problem) where the caller has it, spares simulating it again."""
+    the time limit, or with `target` (bytes) until a schedule is found that the rows, or the simulator,
+    put within it: the rows can overcount, and the simulator judges). `unconstrained`,
+    the replay of keep_all(problem) where the caller has it, spares simulating it again. `start`, a
+    schedule found before (a lower peak than the heuristics reach, say), is where the search starts
+    when its peak is the lowest at hand and the formulation poses it."""
     settings = settings_of(settings, **changes)
     began, progress, time_limit = time.perf_counter(), progress or _quiet, settings.time_limit
     unconstrained = simulate(problem, keep_all(problem)) if unconstrained is None else unconstrained
@@ -673,30 +701,56 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
         except SolverFailedError:
             pass
         time_limit = max(1.0, time_limit - (time.perf_counter() - began))
-    incumbent = alone.schedule if alone and alone.schedule else None
-    horizon, start = _start(posed, None, _option_sets(posed, settings), settings.horizon,
-                            lambda *state: progress("least peak: finding a starting schedule", *state), incumbent)
+    # Schedules at hand (of `problem`) with their peaks: the caller's start, checkpointing alone's
+    given = [(simulate(problem, start).peak, start)] if start is not None and _runs_as(start, problem, fixed) else []
+    given += [(alone.found, alone.schedule)] if alone and alone.schedule else []
+    incumbent = min(given, key=lambda pair: pair[0], default=(None, None))
+    horizon, heuristic = _start(posed, None, _option_sets(posed, settings), settings.horizon,
+                                lambda *state: progress("least peak: finding a starting schedule", *state),
+                                None if incumbent[1] is None else incumbent[1].remap(problem, posed))
     progress("least peak: building the ILP", 0, None, "")
     formulation = _formulate(kind, posed, None, settings, fixed, horizon)
-    if incumbent and (start is None or alone.found < start.replay.peak):
-        start = _as_start(formulation, incumbent, simulate(problem, incumbent))
-    elif start:  # as in _solve: drop what the schedule does not save
-        start = _as_start(formulation, start.schedule, start.replay)
+    start = heuristic
+    if incumbent[1] is not None and (heuristic is None or incumbent[0] < heuristic.replay.peak):
+        start = _as_start(formulation, incumbent[1].remap(problem, posed), simulate(problem, incumbent[1]))
+    elif heuristic:  # as in _solve: drop what the schedule does not save
+        start = _as_start(formulation, heuristic.schedule, heuristic.replay)
+    warm = None
+    if start is not None:
+        warm = (formulation.warm_from(start.schedule) if isinstance(formulation, General)
+                else formulation.warm_start(start.dropped, start.options))
     unconstrained = unconstrained.peak
 
     def peak(objective: float, bound: float) -> str:
         least = formulation.memory.least_budget(objective)
         return f"least so far {format_bytes(least)} ({least / unconstrained:.0%} of the unconstrained peak)"
 
-    result = formulation.milp.solve(time_limit=time_limit, seed=settings.seed, verbose=settings.solver_log,
-                                    heuristic_effort=settings.heuristic_effort,
-                                    warm=formulation.warm_start(start.dropped, start.options) if start else None,
-                                    target=None if target is None else formulation.memory.units(target),
-                                    progress=_watch(progress, "least peak: solving", began, time_limit, peak))
+    reached: list[tuple[int, Schedule]] = []
+
+    def judge(values: np.ndarray) -> None:
+        """Stops the search at a schedule of HiGHS's that the simulator replays within `target`: the rows
+        can overcount (a copy held to its stage's end), so they may still put it above."""
+        schedule = _unpose(formulation.schedule(values), posed, problem, fixed)
+        replayed = simulate(problem, schedule).peak
+        if replayed <= target:
+            reached.append((replayed, schedule))
+            raise _Reached
+
+    try:
+        result = formulation.milp.solve(time_limit=time_limit, seed=settings.seed, verbose=settings.solver_log,
+                                        heuristic_effort=settings.heuristic_effort, warm=warm,
+                                        target=None if target is None else formulation.memory.units(target),
+                                        progress=_watch(progress, "least peak: solving", began, time_limit, peak),
+                                        incumbent=None if target is None else judge)
+    except _Reached:
+        if not reached:  # the caller's progress stopped the search (a worker beside it found a schedule)
+            raise
+        least, schedule = reached[-1]
+        return LeastPeak(least, 0, schedule, horizon if kind == "compact" else None,
+                         start.replay.peak if start else None)
     # (peak, schedule): the heuristic schedule's peak stands if HiGHS does no better
     found = [(start.replay.peak, _unpose(start.schedule, posed, problem, fixed))] if start else []
-    if incumbent:
-        found.append((alone.found, incumbent))
+    found += given
     if result.values is not None:
         found.append((formulation.memory.least_budget(result.values[formulation.memory.peak]),
                       _unpose(formulation.schedule(result.values), posed, problem, fixed)))

@@ -486,6 +486,17 @@ def test_heuristic_effort_changes_no_optimum_and_is_a_share():
         solve(p, budget, heuristic_effort=1.5)
 
 
+@pytest.mark.parametrize("formulation", ["compact", "general"])
+def test_the_least_peak_search_goes_on_from_a_start(formulation):
+    """A ladder hands the next rung the lowest peak so far: the search from it never ends higher, and
+    its schedule replays within the peak it reports (the general formulation took no start before)."""
+    p = chain(12)
+    lowest = least_peak(p, formulation="compact", time_limit=10)
+    assert lowest.found == 801
+    again = least_peak(p, formulation=formulation, start=lowest.schedule, horizon=None, time_limit=1)
+    assert again.found <= lowest.found and simulate(p, again.schedule).peak <= again.found
+
+
 def test_a_budget_no_heuristic_schedule_meets_starts_from_the_least_peak_search():
     """At 801 on a 12-op chain no heuristic schedule fits (they need 900): the least-peak search,
     stopped at its first schedule within the budget, gives the ILP one to start from."""
@@ -555,6 +566,21 @@ def test_a_worker_beside_the_search_finds_what_the_search_stops_short_of():
     for workers in (0, 1.5):
         with pytest.raises(ValueError, match="workers"):
             solve(p, budget, workers=workers)
+
+
+def test_a_worker_seeks_a_first_schedule_until_one_arrives():
+    """Where no heuristic schedule fits (801 on a 12-op chain), a worker beside the search runs a
+    least-peak search of its own to the budget, and gives it up when a schedule arrives from the search."""
+    from monet.solver.beside import _seek
+
+    p = chain(12)
+    settings = SolveSettings(formulation="compact", time_limit=10)
+    found = _seek(p, 801, settings, None, lambda: None, lambda: False)
+    assert found is not None and simulate(p, found).peak <= 801
+    looks = []
+    assert _seek(p, 801, settings, None, lambda: looks.append(1), lambda: True) is None and looks
+    with_workers = solve(p, 801, formulation="compact", time_limit=20, workers=2)
+    assert with_workers.peak <= 801
 
 
 def test_polish_keeps_a_share_of_the_time_for_the_neighbourhood_search():
