@@ -6,9 +6,9 @@ solver/polish.py on the best schedule found so far: the search hands over every 
 it finds (HiGHS's incumbents, each rung's result), and a worker goes on from any that is faster
 than its own; it sends back each faster schedule it finds, which the solve returns where it is the
 fastest. Where no schedule within the budget is at hand and the search seeks one (its least-peak
-search), each worker seeks one too, with a seed of its own, until either side finds one: which
-search finds one first, and when, varies with the seed (MONeT's UNet at 5 GB: in 35 s with one
-seed, not in 300 s with another). A worker is a fresh interpreter (running `serve`), which needs no `if __name__ ==
+search), each worker seeks one too, with a seed of its own, until either side finds one: whether
+one is found in time varies with the seed (MONeT's UNet at 5 GB, 45 s: two seeds of four found one,
+in 39-41 s). A worker is a fresh interpreter (running `serve`), which needs no `if __name__ ==
 "__main__"` guard in the caller's script, talks over one socket, runs in a session of its own
 (Ctrl-C reaches the solve, which stops it) and exits at its deadline or when the solve goes away.
 """

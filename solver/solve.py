@@ -715,6 +715,7 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
         start = _as_start(formulation, incumbent[1].remap(problem, posed), simulate(problem, incumbent[1]))
     elif heuristic:  # as in _solve: drop what the schedule does not save
         start = _as_start(formulation, heuristic.schedule, heuristic.replay)
+    sure = heuristic.replay.peak if heuristic else None  # what a solve at any budget from there starts from
     warm = None
     if start is not None:
         warm = (formulation.warm_from(start.schedule) if isinstance(formulation, General)
@@ -746,8 +747,7 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
         if not reached:  # the caller's progress stopped the search (a worker beside it found a schedule)
             raise
         least, schedule = reached[-1]
-        return LeastPeak(least, 0, schedule, horizon if kind == "compact" else None,
-                         start.replay.peak if start else None)
+        return LeastPeak(least, 0, schedule, horizon if kind == "compact" else None, sure)
     # (peak, schedule): the heuristic schedule's peak stands if HiGHS does no better
     found = [(start.replay.peak, _unpose(start.schedule, posed, problem, fixed))] if start else []
     found += given
@@ -759,4 +759,4 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
     least, schedule = min(found, key=lambda pair: pair[0])
     bound = formulation.memory.least_budget(result.bound) if np.isfinite(result.bound) else 0
     return LeastPeak(least, least if result.status == "optimal" else min(least, bound), schedule,
-                     horizon if kind == "compact" else None, start.replay.peak if start else None)
+                     horizon if kind == "compact" else None, sure)
