@@ -431,14 +431,16 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         seeking = settings.but(horizon=horizon, time_limit=max(1.0, time_limit - (time.perf_counter() - began)) / 2)
         sought = _least_within(problem, budget, seeking, progress, label, None if options else baseline_replay, start,
                                beside)
-        if sought is not None and sought.bound > budget:
-            if not explain:
-                raise _NoSchedule
-            raise InfeasibleBudgetError(budget, sought, kind)
         replay = simulate(problem, sought.schedule) if sought is not None and sought.schedule is not None else None
         if replay is not None and replay.peak <= budget:
+            # the simulator judges: the search's schedule can fit a budget below the least its rows meet
+            # (they count with a safety margin, and can overcount)
             incumbent = (sought.schedule, replay)
             horizon, found = start_from(incumbent, heuristics=False)  # none fitted: only the horizon to settle
+        elif sought is not None and sought.bound > budget:
+            if not explain:
+                raise _NoSchedule
+            raise InfeasibleBudgetError(budget, _judged(problem, sought), kind)
     progress(label + "building the ILP", 0, None, "")
     formulation = _formulate(kind, posed, budget, settings, fixed, horizon)
     if kind == "compact" and incumbent and (found is None or incumbent[1].time < found.replay.time):
@@ -487,8 +489,9 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         bound = formulation.fixed_time + (max(0.0, result.bound) / 1e3 if np.isfinite(result.bound) else 0.0)
         solution = _solution(schedule, replay, budget, formulation, "heuristic", replay.time,
                              0.0 if warnings else bound, began)
+        searched = sought is not None and incumbent is not None and incumbent[0] is sought.schedule
         note = _heuristic_note(result.status, time_limit, result.seconds, solution.gap, formulation.name,
-                               formulation.stages.horizon if outside else False)
+                               formulation.stages.horizon if outside else False, searched)
         return dataclasses.replace(solution, note=_with_warnings(note, warnings), warnings=tuple(warnings))
     if result.values is None and not explain:
         raise _NoSchedule if result.status == "infeasible" else SolverFailedError(
@@ -503,7 +506,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
                 raise
             least = None
         if result.status == "infeasible" or (least is not None and least.bound > budget):
-            raise InfeasibleBudgetError(budget, least, formulation.name)
+            raise InfeasibleBudgetError(budget, _judged(problem, least), formulation.name)
         raise SolverFailedError(_no_schedule_message(budget, unconstrained.peak, time_limit, least), least)
     schedule = _unpose(formulation.schedule(result.values), posed, problem, fixed)
     replay = simulate(problem, schedule)
@@ -531,6 +534,15 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     status = ("heuristic" if replaced else "unverified") if warnings else result.status
     solution = _solution(schedule, replay, budget, formulation, status, objective, 0.0 if warnings else bound, began)
     return dataclasses.replace(solution, note=_with_warnings(note, warnings), warnings=tuple(warnings))
+
+
+def _judged(problem: Problem, least: LeastPeak | None) -> LeastPeak | None:
+    """`least` at the peak the simulator replays its schedule to, where that is lower: the rows count
+    with a safety margin (1e-5 of the budget) and can overcount, and the simulator decides."""
+    peak = simulate(problem, least.schedule).peak if least is not None and least.schedule is not None else None
+    if peak is None or peak >= least.found:
+        return least
+    return dataclasses.replace(least, found=peak, bound=min(least.bound, peak))
 
 
 def _least_within(problem: Problem, budget: int, settings: SolveSettings, progress: Progress, label: str,
@@ -604,9 +616,11 @@ def _watch(progress: Progress, stage: str, began: float, time_limit: float,
 
 
 def _heuristic_note(status: str, time_limit: float, highs_seconds: float, gap: float, formulation: str,
-                    outside: int | None | bool = False) -> str:
+                    outside: int | None | bool = False, searched: bool = False) -> str:
     """What a heuristic result is and what would help, for people. `outside`: the horizon that the
-    starting schedule reruns beyond (False: it does not)."""
+    starting schedule reruns beyond (False: it does not); `searched`: the starting schedule is the
+    least-peak search's, not a heuristic's."""
+    what = "the least-peak search's schedule" if searched else "the heuristic's starting schedule"
     if status == "infeasible" and outside is not False:
         why = (f"the starting schedule reruns ops further ahead of their use than the horizon of {outside} stages "
                "allows, so it is no solution of the ILP posed, which has none at this budget: a limit of the "
@@ -614,7 +628,7 @@ def _heuristic_note(status: str, time_limit: float, highs_seconds: float, gap: f
         helps = "a longer `horizon`"
     elif status == "infeasible":
         why = (f"the {formulation} formulation admits no schedule at this budget (its memory rows count "
-               "conservatively; the simulator finds the heuristic's schedule within it)")
+               f"conservatively; the simulator finds {what} within it)")
         helps = "a higher budget"
         if formulation == "compact":
             helps += ", `formulation='general'` or a longer `horizon`"
@@ -622,7 +636,7 @@ def _heuristic_note(status: str, time_limit: float, highs_seconds: float, gap: f
         why = (f"the search found no schedule within the time limit of {time_limit:g} s (HiGHS had {highs_seconds:.0f} "
                "s of it; the stages before it took the rest)")
         helps = f"a longer `time_limit` than {time_limit:g} s, or a higher budget"
-    return (f"this is the heuristic's starting schedule: {why}; its step time is {gap:.0%} above the bound on the "
+    return (f"this is {what}: {why}; its step time is {gap:.0%} above the bound on the "
             f"best. What would help: {helps}")
 
 
