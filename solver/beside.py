@@ -3,14 +3,15 @@
 HiGHS runs one solve at a time in a process (highspy), and its branch and bound uses one core,
 so a second core would otherwise idle. Each worker runs the neighbourhood search of
 solver/polish.py on the best schedule found so far: the search hands over every better schedule
-it finds (HiGHS's incumbents, each rung's result), and a worker goes on from any that is faster
-than its own; it sends back each faster schedule it finds, which the solve returns where it is the
-fastest. Where no schedule within the budget is at hand and the search seeks one (its least-peak
-search), each worker seeks one too, with a seed of its own, until either side finds one: whether
-one is found in time varies with the seed (MONeT's UNet at 5 GB, 45 s: two seeds of four found one,
-in 39-41 s). A worker is a fresh interpreter (running `serve`), which needs no `if __name__ ==
-"__main__"` guard in the caller's script, talks over one socket, runs in a session of its own
-(Ctrl-C reaches the solve, which stops it) and exits at its deadline or when the solve goes away.
+it finds (HiGHS's incumbents, each rung's result), and a worker goes on from the fastest of those
+once its own path stalls (polish.PATIENCE); it sends back each faster schedule it finds, which the
+solve returns where it is the fastest. Where no schedule within the budget is at hand and the
+search seeks one (its least-peak search), each worker seeks one too, with a seed of its own, until
+either side finds one: whether one is found in time varies with the seed (MONeT's UNet at 5 GB,
+45 s: two seeds of four found one, in 39-41 s). A worker is a fresh interpreter (running `serve`),
+which needs no `if __name__ == "__main__"` guard in the caller's script, talks over one socket,
+runs in a session of its own (Ctrl-C reaches the solve, which stops it) and exits at its deadline
+or when the solve goes away.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from monet.solver import (
 from monet.solver.compact import Compact
 from monet.solver.general import General
 from monet.solver.heuristics import best_first_need, chen_candidates, fastest_kernels, recompute_at_first_need
-from monet.solver.polish import neighbourhood_search
+from monet.solver.polish import PATIENCE, neighbourhood_search
 from monet.solver.stages import Stages
 
 
@@ -534,6 +534,23 @@ def test_a_neighbourhood_search_improves_a_schedule_the_whole_ilp_search_stops_a
     validate(p, schedule)
     assert replay == simulate(p, schedule) and replay.peak <= budget
     assert replay.time < compact.replay.time - 1.0
+
+
+def test_a_neighbourhood_search_keeps_its_own_path_before_taking_a_faster_schedule_handed_over():
+    """relu_chain(12) at 50 %: handed the fastest schedule a first search found, a second search from the
+    compact formulation's schedule first goes its own way (its first faster schedule is slower than the
+    one handed over) and holds the handed one, or a faster, once its path stalls."""
+    p = relu_chain(12)
+    budget = int(unconstrained(p) * 0.5)
+    compact = solve(p, budget, formulation="compact", time_limit=10, gap=1e-9)
+    formulation = General(p, budget, None)
+    fastest, replay = neighbourhood_search(formulation, compact.schedule, budget, time.perf_counter() + 3)
+    handed, found, held = [fastest], [], []
+    neighbourhood_search(formulation, compact.schedule, budget, time.perf_counter() + 3, seed=1,
+                         fresh=lambda: handed.pop() if handed else None,
+                         improved=lambda _, r: found.append(r.time), report=lambda r, _: held.append(r.time))
+    assert not handed and found and found[0] > replay.time, (found, replay.time)
+    assert held[-1] <= replay.time and len(held) > PATIENCE
 
 
 def _children() -> set[int]:
