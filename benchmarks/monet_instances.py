@@ -233,6 +233,7 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
     """monet's solve of the converted instance (SETTINGS, or its model's LADDERS, in `workers` processes):
     objective and bound in 0.01 ms, or what failed. `progress` (monet.api's Progress) hears the solver."""
     from monet.solver import solve
+    from monet.solver.polish import PATIENCE
     from monet.solver.solve import STALL_SHARE
 
     from .monet_convert import UNIT, budget_bytes, convert
@@ -244,6 +245,7 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
     record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit,
               "heuristic_effort": heuristic_effort, "workers": workers, "stall_share": STALL_SHARE,
               "neighbourhoods_free_options": workers > 1, "fastest_kernels_first": True,
+              "worker_patience": PATIENCE if workers > 1 else None,
               "in_place": len(converted.place_choice), "intermediate_reruns": len(converted.rerun_intermediates),
               "formulation": ",".join(settings.formulation),
               "horizon": ",".join(str(h).lower() for h in settings.horizon)}
@@ -301,6 +303,8 @@ def table(folder: Path, solves: dict | None = None) -> str:
             effort += ", neighbourhoods free every option"
         if rec.get("fastest_kernels_first"):
             effort += ", fastest kernels first"
+        if rec.get("worker_patience"):
+            effort += f", workers keep their path for {rec['worker_patience']} pieces"
         if rec.get("in_place"):
             effort += f", {rec['in_place']} in-place choices"
         if rec.get("intermediate_reruns"):
@@ -365,7 +369,9 @@ def main(argv: list[str] | None = None) -> None:
             "HiGHS's heuristic effort and, where a cell says \"2 processes\", a neighbourhood search beside the "
             "search in a second process (one solve at a time then; where it says \"neighbourhoods free every "
             "option\", each piece of that search freed how every op runs, and the ladder's rungs started from its "
-            "schedules where faster; before, a piece freed only the choices of the ops it freed). Where a cell "
+            "schedules where faster; before, a piece freed only the choices of the ops it freed; where it says "
+            "\"workers keep their path for N pieces\", the search beside went on from a faster schedule handed "
+            "over only after N pieces in a row found none faster, before, at once). Where a cell "
             "names \"in-place choices\", the conversion offered MONeT's in-place ReLUs as choices, and where it "
             "says \"intermediates may rerun\", "
             "MONeT's intermediate nodes (masks, pool indices) could rerun under their path; a cell without them "
