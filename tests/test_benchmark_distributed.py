@@ -20,8 +20,9 @@ def test_ddp_and_fsdp2_ranks_run_and_monet_measures_its_prediction(tmp_path):
     assert [(r["parallel"], r["method"]) for r in rows] == [
         (p, m) for p in ("ddp", "fsdp2") for m in ("eager", "checkpointing", "monet")]
     # FSDP2 over gloo holds a block's gathered parameters longer in some runs than in others: six runs of
-    # plain FSDP2 with checkpointing at this size measured per-rank peaks of 25,358,816, 28,517,856 and
-    # 31,676,896 B, steps of exactly one block's parameters (3,159,040 B, 12 % of the peak here)
+    # plain FSDP2 with checkpointing at this size measured per-rank peaks of 25,358,816 and 28,517,856 B, a
+    # full benchmark run once 31,676,896 B: steps of exactly one block's parameters (3,159,040 B, 12 % of the
+    # peak here)
     late = 2 * sum(p.numel() * p.element_size() for p in gpt2(2).transformer.h[0].parameters())
     for row in rows:
         assert row["peak"] > 0 and row["step"] > 0
