@@ -70,6 +70,8 @@ class Backend:
         self.schedules = None if schedules is None else Path(schedules)
         self.progress = progress
         self.regions: list[ScheduleFile] = []
+        self._compiled: dict[int, tuple[int, list[tuple[int, ...]]]] = {}  # Dynamo frame -> (its compile, shapes)
+        self._split_warned = False
 
     def __call__(self, region: torch.fx.GraphModule, example_inputs: list) -> object:
         symbolic = [i for i, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)
@@ -94,13 +96,16 @@ class Backend:
     def _partition(self, region: torch.fx.GraphModule, inputs: tuple, layout: dict, joint: torch.fx.GraphModule,
                    joint_inputs, *, num_fwd_outputs: int, static_lifetime_input_indices=(), **_):
         analysis = analyze(joint, num_fwd_outputs)
-        name = f"torch.compile region {CompileContext.current_compile_id() or len(self.regions)}"
+        compile_id = CompileContext.current_compile_id()
+        name = f"torch.compile region {compile_id or len(self.regions)}"
+        recompiled = self._recompiled(name, compile_id, inputs)
         with self._progress() as progress:
             schedule_file, problem = self._schedule(name, region, inputs, joint, analysis,
                                                     set(static_lifetime_input_indices or ()), progress)
         self.regions.append(schedule_file)
         layout["on"] = schedule_file.layout_optimization
-        if len(self.regions) == 2:
+        if len(self.regions) > 1 and not recompiled and not self._split_warned:
+            self._split_warned = True
             warnings.warn(
                 "torch.compile split the model into several regions (graph breaks, or DistributedDataParallel's "
                 "buckets, at whose bounds it splits so that the all-reduce overlaps the backward); monet solves each "
@@ -111,6 +116,27 @@ class Backend:
                 stacklevel=2)
         plan = ExecutionPlan.build(analysis, problem, schedule_file.schedule.on(problem))
         return make_partition(plan)(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+
+    def _recompiled(self, name: str, compile_id, inputs: tuple) -> bool:
+        """Whether torch.compile compiles a frame again that this backend partitioned before (a guard failed:
+        new input shapes, for one), saying so: the region is solved again, for its own shapes. A graph break
+        is another frame, and DistributedDataParallel's bucket regions share one compile of a frame."""
+        if compile_id is None:
+            return False
+        shapes = [tuple(x.shape) for x in inputs if isinstance(x, torch.Tensor)]
+        earlier = self._compiled.get(compile_id.frame_id)
+        self._compiled[compile_id.frame_id] = compile_id.frame_compile_id, shapes
+        if earlier is None or earlier[0] == compile_id.frame_compile_id:
+            return False
+        changed = [f"{list(old)} -> {list(new)}" for old, new in zip(earlier[1], shapes) if old != new]
+        why = (f"input shapes changed ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''})" if changed
+               else "a guard other than the input shapes failed")
+        warnings.warn(
+            f"{name}: torch.compile compiles this code again ({why}); monet solves its schedule again, for these "
+            "shapes (a schedule is solved for one set of shapes; with `schedules=DIR` each is saved and reused). "
+            "To solve once, keep the shapes fixed (a DataLoader with drop_last=True drops a smaller last batch)",
+            stacklevel=2)
+        return True
 
     def _schedule(self, name: str, region: torch.fx.GraphModule, inputs: tuple, joint: torch.fx.GraphModule,
                   analysis: GraphAnalysis, static: set[int], progress: Progress) -> tuple[ScheduleFile, Problem]:
@@ -261,7 +287,8 @@ def backend(budget: str | int | float, settings: SolveSettings | None = None, *,
     the same budget, reuses it without
     profiling or solving (with 'least', a file solved at 'least'). `progress`: True shows each region's
     profiling and solving on stderr, False nothing, or a callback progress(stage, done, total, detail).
-    Shapes must be static (`dynamic=False`): a schedule is solved for one shape. Peaks are predicted
+    Shapes must be static (`dynamic=False`): a schedule is solved for one shape, and where torch.compile
+    compiles a region again for new input shapes, a warning says so and the region is solved again. Peaks are predicted
     per ATen op, not per Inductor buffer; the backward is compiled in pieces cut where recomputations
     begin (graph.pieces), so that Inductor's fusion keeps the schedule's frees, and the compiled step can
     still measure a few % over the prediction (README, "Compiled by Inductor").

@@ -138,6 +138,30 @@ def test_graph_breaks_are_warned_about():
     assert len(backend.regions) == 2
 
 
+def test_a_recompile_for_new_shapes_solves_again_and_says_so():
+    """With static shapes, a batch of another size makes torch.compile compile the region again: monet
+    says so (not that the model has graph breaks) and trains the new shape by a schedule solved for it;
+    the first shape's compiled step is reused when it comes back."""
+    torch._dynamo.reset()
+    model = _TwoRegions().first
+    reference = copy.deepcopy(model)
+    backend = monet.backend("90%", **FAST)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    compiled(torch.randn(256, 32)).sum().backward()
+    x = torch.randn(384, 32)
+    with pytest.warns(UserWarning, match=r"compiles this code again \(input shapes changed \(\[256, 32\] -> "
+                                         r"\[384, 32\]\)\); monet solves its schedule again") as caught:
+        model.zero_grad(set_to_none=True)
+        compiled(x).sum().backward()
+    assert not [w for w in caught if "several regions" in str(w.message)]
+    assert [tuple(r.input.single.shape) for r in backend.regions] == [(256, 32), (384, 32)]
+    reference(x).sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    compiled(torch.randn(256, 32)).sum().backward()
+    assert len(backend.regions) == 2
+
+
 def test_bad_arguments_say_what_to_do():
     with pytest.raises(ValueError, match="not a size like 4GiB"):
         monet.backend("half")
