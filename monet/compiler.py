@@ -288,10 +288,10 @@ def backend(budget: str | int | float, settings: SolveSettings | None = None, *,
     profiling or solving (with 'least', a file solved at 'least'). `progress`: True shows each region's
     profiling and solving on stderr, False nothing, or a callback progress(stage, done, total, detail).
     Shapes must be static (`dynamic=False`): a schedule is solved for one shape, and where torch.compile
-    compiles a region again for new input shapes, a warning says so and the region is solved again. Peaks are predicted
-    per ATen op, not per Inductor buffer; the backward is compiled in pieces cut where recomputations
-    begin (graph.pieces), so that Inductor's fusion keeps the schedule's frees, and the compiled step can
-    still measure a few % over the prediction (README, "Compiled by Inductor").
+    compiles a region again for new input shapes, a warning says so and the region is solved again.
+    Peaks are predicted per ATen op, not per Inductor buffer; the backward is compiled in pieces cut
+    where recomputations begin (graph.pieces), so that Inductor's fusion keeps the schedule's frees, and
+    the compiled step can still measure a few % over the prediction (README, "Compiled by Inductor").
     """
     return Backend(budget, settings_of(settings, **changes), cost_model=cost_model, schedules=schedules,
                    progress=progress, layout=layout)
