@@ -30,6 +30,7 @@ class Formulation:
                 raise ValueError(f"op {problem.ops[o].name!r} reruns, so all its options must read the same, and "
                                  "each it reruns under must run")
         self.milp = Milp()
+        self.kept: dict[tuple[int, int], int] = {}  # (output, stage) -> kept_after's variable
         self.memory = MemoryLimit(self.milp, budget, max((t.bytes for t in problem.tensors), default=1))
         # Every row that sums bytes states them in memory units (a power of two bytes, so the
         # conversion is exact): byte coefficients of a GPU-size problem (1e10) beside the memory
@@ -141,7 +142,7 @@ class Formulation:
         if u not in self.tensor_window or k > self.tensor_window[u][1]:
             return []
         milp = self.milp
-        x = milp.add_vars()
+        x = self.kept[(u, k)] = milp.add_vars()
         if k in self.stages.read_at.get(u, ()):
             condition = self.reads_if(u, k)
             milp.add_row(made + condition + [(x, -1.0)], 1.0 if condition else 0.0)
@@ -151,9 +152,12 @@ class Formulation:
         return [(x, 1.0)]
 
     def add_stage(self, k: int, held: Terms, candidates: list[int], ran: Callable[[int], Terms],
-                  cost: Callable[[int, Terms], list[tuple[float, Terms]]]) -> None:
+                  cost: Callable[[int, Terms], list[tuple[float, Terms]]],
+                  at_backward: Callable[[], Terms] | None = None) -> None:
         """Memory rows for every moment of stage k: each candidate rerun in forward order, then
         backward op k. `held`: bytes of copies made before the stage and still needed in it;
+        `at_backward()`: those of them still there when backward op k runs, called once the stage's
+        reruns' variables exist (None: all of `held`);
         `ran(o)`: terms equal to 1 when o reruns here;
         `cost(op, when)`: bytes of running an op (outputs and workspace), as (constant, terms) per
         memory row that must hold. `held` and `cost`'s terms are in memory units (see `units`),
@@ -182,6 +186,9 @@ class Formulation:
                 row += [(v, -c * size) for v, c in made] + [(v, c * size) for v, c in kept]
             milp.add_row(row, 0.0)
             running = [(after, 1.0)]
+        if at_backward is not None:
+            held_var = milp.add_vars()
+            milp.add_row(at_backward() + [(held_var, -1.0)], 0.0)
         for constant, terms in cost(problem.backward_ops[k].id, []):
             self.add_memory([(held_var, 1.0)] + running + terms, fixed + constant)
         self._in_place_reruns(k, candidates, ran)

@@ -11,7 +11,9 @@ Presence:  a backward op reading t at stage k needs S[t,k] + R[op(t),k] >= 1;
            a rerun R[o,k] needs the same for each input of o.
 Carry:     S[t,k+1] <= S[t,k] + R[op(t),k],  S[t,first] <= s[t].
 Memory:    every forward op, and every moment of every stage (each rerun, then
-           the backward op), within the budget; see Formulation.add_stage.
+           the backward op), within the budget; see Formulation.add_stage. A copy
+           held into stage k counts at its reruns, and at backward op k only where
+           that op reads it or it is held on (_left_for_backward).
 How ops run is chosen with the rest, as in the compact formulation: y[c,j] (choice
 c takes option j) decides what a backward op reads (its presence rows bind only
 under the options that read), which tensors exist (a tensor made under some
@@ -137,16 +139,38 @@ class General(Formulation):
         """Memory rows at every moment of every backward stage (see Formulation.add_stage)."""
         stages, tensors = self.stages, self.problem.tensors
         held: list[Terms] = [[] for _ in range(stages.count)]
+        saved: list[Terms] = [[] for _ in range(stages.count)]  # saved, to be held from a later stage
+        at_backward: list[list[tuple[int, float]]] = [[] for _ in range(stages.count)]  # (t, its size) held at k
         for t, (a, b) in self.hold_window.items():
+            size = self.units(tensors[t].bytes)
             for k in range(a):
-                held[k].append((self.saved[t], self.units(tensors[t].bytes)))
+                held[k].append((self.saved[t], size))
+                saved[k].append((self.saved[t], size))
             for k in range(a, b + 1):
-                held[k].append((self.held[(t, k)], self.units(tensors[t].bytes)))
+                held[k].append((self.held[(t, k)], size))
+                at_backward[k].append((t, size))
         candidates: list[list[int]] = [[] for _ in range(stages.count)]
         for o, k in sorted(self.rerun):
             candidates[k].append(o)
         for k in range(stages.count):
-            self.add_stage(k, held[k], candidates[k], lambda o, k=k: [(self.rerun[(o, k)], 1.0)], self._cost_rows)
+            self.add_stage(k, held[k], candidates[k], lambda o, k=k: [(self.rerun[(o, k)], 1.0)], self._cost_rows,
+                           lambda k=k: [(v, c * size) for t, size in at_backward[k]
+                                        for v, c in self._left_for_backward(t, k)] + saved[k])
+
+    def _left_for_backward(self, t: int, k: int) -> Terms:
+        """Terms that sum to 1 when the copy of t held into stage k is still there when backward op k runs:
+        it reads t, or the copy is held on into stage k + 1. A copy that only the stage's reruns read is
+        gone by then (the simulator frees a copy after its last reader): counting it to the stage's end
+        priced Gurobi's own UNet 5 GB schedule at 1.11 times the budget, which it replays within.
+        Held on: S[t,k+1] (one copy of t, held or remade here, enters stage k + 1), less the remade one
+        where t's op reruns at k, which the running sum counts as kept (Formulation.kept_after): the two
+        cancel in the backward op's row, and together count S[t,k+1] copies there."""
+        if k in self.stages.read_at.get(t, ()):
+            return [(self.held[(t, k)], 1.0)]
+        if (t, k + 1) not in self.held:
+            return []
+        remade = self.kept.get((t, k)) if (self.problem.tensors[t].producer, k) in self.rerun else None
+        return [(self.held[(t, k + 1)], 1.0)] + ([(remade, -1.0)] if remade is not None else [])
 
     def _objective(self) -> None:
         """Each rerun's time under its op's option: the least of its options' on R[o,k], and what an

@@ -744,7 +744,7 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
 
     def judge(values: np.ndarray) -> None:
         """Stops the search at a schedule of HiGHS's that the simulator replays within `target`: the rows
-        can overcount (a copy held to its stage's end), so they may still put it above."""
+        can count a copy past its last reader, so they may still put it above."""
         schedule = _unpose(formulation.schedule(values), posed, problem, fixed)
         replayed = simulate(problem, schedule).peak
         if replayed <= target:
