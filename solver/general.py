@@ -139,23 +139,19 @@ class General(Formulation):
         """Memory rows at every moment of every backward stage (see Formulation.add_stage)."""
         stages, tensors = self.stages, self.problem.tensors
         held: list[Terms] = [[] for _ in range(stages.count)]
-        saved: list[Terms] = [[] for _ in range(stages.count)]  # saved, to be held from a later stage
-        at_backward: list[list[tuple[int, float]]] = [[] for _ in range(stages.count)]  # (t, its size) held at k
+        holding: list[list[int]] = [[] for _ in range(stages.count)]  # tensors saved or held at each stage
         for t, (a, b) in self.hold_window.items():
             size = self.units(tensors[t].bytes)
-            for k in range(a):
-                held[k].append((self.saved[t], size))
-                saved[k].append((self.saved[t], size))
-            for k in range(a, b + 1):
-                held[k].append((self.held[(t, k)], size))
-                at_backward[k].append((t, size))
+            for k in range(b + 1):
+                held[k].append((self.saved[t] if k < a else self.held[(t, k)], size))
+                holding[k].append(t)
         candidates: list[list[int]] = [[] for _ in range(stages.count)]
         for o, k in sorted(self.rerun):
             candidates[k].append(o)
         for k in range(stages.count):
             self.add_stage(k, held[k], candidates[k], lambda o, k=k: [(self.rerun[(o, k)], 1.0)], self._cost_rows,
-                           lambda k=k: [(v, c * size) for t, size in at_backward[k]
-                                        for v, c in self._left_for_backward(t, k)] + saved[k])
+                           lambda k=k: [(v, c * self.units(tensors[t].bytes)) for t in holding[k]
+                                        for v, c in self._left_for_backward(t, k)])
 
     def _left_for_backward(self, t: int, k: int) -> Terms:
         """Terms that sum to 1 when the copy of t held into stage k is still there when backward op k runs:
@@ -164,12 +160,15 @@ class General(Formulation):
         priced Gurobi's own UNet 5 GB schedule at 1.11 times the budget, which it replays within.
         Held on: S[t,k+1] (one copy of t, held or remade here, enters stage k + 1), less the remade one
         where t's op reruns at k, which the running sum counts as kept (Formulation.kept_after): the two
-        cancel in the backward op's row, and together count S[t,k+1] copies there."""
+        cancel in the backward op's row, and together count S[t,k+1] copies there. Before t's hold window:
+        s[t] (saved, held until a later stage)."""
+        if k < self.hold_window[t][0]:
+            return [(self.saved[t], 1.0)]
         if k in self.stages.read_at.get(t, ()):
             return [(self.held[(t, k)], 1.0)]
         if (t, k + 1) not in self.held:
             return []
-        remade = self.kept.get((t, k)) if (self.problem.tensors[t].producer, k) in self.rerun else None
+        remade = self.kept.get((t, k))  # only where t's op reruns at k
         return [(self.held[(t, k + 1)], 1.0)] + ([(remade, -1.0)] if remade is not None else [])
 
     def _objective(self) -> None:
