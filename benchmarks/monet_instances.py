@@ -245,7 +245,7 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
     record = {"model": inst.model, "budget_gb": inst.budget_gb, "time_limit": time_limit,
               "heuristic_effort": heuristic_effort, "workers": workers, "stall_share": STALL_SHARE,
               "neighbourhoods_free_options": workers > 1, "fastest_kernels_first": True,
-              "worker_patience": PATIENCE if workers > 1 else None, "freed_before_backward_op": True,
+              "worker_patience": PATIENCE if workers > 1 else None, "freed_before_backward_op": "compact,general",
               "in_place": len(converted.place_choice), "intermediate_reruns": len(converted.rerun_intermediates),
               "formulation": ",".join(settings.formulation),
               "horizon": ",".join(str(h).lower() for h in settings.horizon)}
@@ -305,8 +305,9 @@ def table(folder: Path, solves: dict | None = None) -> str:
             effort += ", fastest kernels first"
         if rec.get("worker_patience"):
             effort += f", workers keep their path for {rec['worker_patience']} pieces"
-        if rec.get("freed_before_backward_op"):
-            effort += ", copies only reruns read freed before the backward op"
+        if rec.get("freed_before_backward_op"):  # True: by the general formulation only (until 2026-12-04)
+            where = "general" if rec["freed_before_backward_op"] is True else rec["freed_before_backward_op"]
+            effort += f", copies only reruns read freed before the backward op ({where.replace(',', ' and ')})"
         if rec.get("in_place"):
             effort += f", {rec['in_place']} in-place choices"
         if rec.get("intermediate_reruns"):

@@ -19,7 +19,9 @@ from y and d, is continuous, and is integral whenever they are:
 Memory rows: every forward op, and every moment of every stage (each rerun,
 then the backward op). A rerun output stays counted until its last forward
 reader among the stage's possible reruns has run, so the rows are exact for
-chains and an upper bound elsewhere. Tensors whose keeping is dominated
+chains and an upper bound elsewhere; a copy held into a stage counts at its
+backward op only where that op may read it or it is needed later (as in the
+general formulation). Tensors whose keeping is dominated
 (Stages.never_worth_keeping) are dropped outright, which loses no optimality.
 """
 
@@ -178,6 +180,8 @@ class Compact(Formulation):
         no read is sure) counts it over those stages, gathered per stage by a running sum."""
         milp, stages, P, Q = self.milp, self.stages, self._P, self._Q
         held_terms: list[Terms] = [[] for _ in range(stages.count)]
+        self._copies: list[list[tuple[int, int, float]]] = [[] for _ in range(stages.count)]  # (t, h, size)
+        self._copy: dict[tuple[int, int], int] = {}  # (t, k) -> h
         saved_from: list[Terms] = [[] for _ in range(stages.count + 1)]  # saved copies counted below stage k
         for t, (a, b) in self.tensor_window.items():
             o, size = self.problem.tensors[t].producer, self.units(self.problem.tensors[t].bytes)
@@ -194,6 +198,8 @@ class Compact(Formulation):
                 if P(o, k - 1) is not None:
                     milp.add_row([(P(o, k - 1), 1.0), (Q(t, k), 1.0), (h, -1.0)], 1.0)
                 held_terms[k].append((h, size))
+                self._copies[k].append((t, h, size))
+                self._copy[(t, k)] = h
         below: Terms = []
         for k in range(stages.count - 1, -1, -1):
             saved_before = milp.add_vars()
@@ -213,7 +219,18 @@ class Compact(Formulation):
             for k in range(a, b + 1):
                 candidates[k].append(o)
         for k in range(self.stages.count):
-            self.add_stage(k, held[k], candidates[k], lambda o, k=k: self._ran_here(o, k), self._cost_rows)
+            self.add_stage(k, held[k], candidates[k], lambda o, k=k: self._ran_here(o, k), self._cost_rows,
+                           lambda k=k: self._left_for_backward(held[k], k))
+
+    def _left_for_backward(self, held: Terms, k: int) -> Terms:
+        """`held` as backward op k finds it: each copy counted as h[t,k] as Formulation.copy_at_backward
+        says, with h[t,k+1] as the copy held on. The saved copies counted before t's h stages are read at k
+        or needed later, so stay."""
+        copies = {h for _, h, _ in self._copies[k]}
+        left: Terms = [(v, c) for v, c in held if v not in copies]
+        for t, h, size in self._copies[k]:
+            left += [(v, c * size) for v, c in self.copy_at_backward(t, k, h, self._copy.get((t, k + 1)))]
+        return left
 
     def _forward_rows(self) -> None:
         """Memory rows at every forward op: what is live, less the saved tensors dropped."""

@@ -151,6 +151,21 @@ class Formulation:
             milp.add_row(made + later + [(x, -1.0)], 1.0)
         return [(x, 1.0)]
 
+    def copy_at_backward(self, t: int, k: int, here: int, after: int | None) -> Terms:
+        """Terms that sum to 1 when the copy of t held into stage k (variable `here`) is still there when
+        backward op k runs: that op may read t, or a copy is held on into stage k + 1 (`after`, that copy's
+        variable; None where t is not needed after k). A copy that only the stage's reruns read is gone by
+        then (the simulator frees a copy after its last reader): counting it to the stage's end priced
+        Gurobi's own UNet 5 GB schedule at 1.11 times the budget, which it replays within. Held on: `after`
+        (one copy of t, held or remade here, enters stage k + 1), less the remade one where t's op reruns at
+        k, which the running sum counts as kept (kept_after): the two cancel in the backward op's row."""
+        if k in self.stages.read_at.get(t, ()):
+            return [(here, 1.0)]
+        if after is None:
+            return []
+        remade = self.kept.get((t, k))  # only where t's op may rerun at k
+        return [(after, 1.0)] + ([(remade, -1.0)] if remade is not None else [])
+
     def add_stage(self, k: int, held: Terms, candidates: list[int], ran: Callable[[int], Terms],
                   cost: Callable[[int, Terms], list[tuple[float, Terms]]],
                   at_backward: Callable[[], Terms] | None = None) -> None:

@@ -154,22 +154,11 @@ class General(Formulation):
                                         for v, c in self._left_for_backward(t, k)])
 
     def _left_for_backward(self, t: int, k: int) -> Terms:
-        """Terms that sum to 1 when the copy of t held into stage k is still there when backward op k runs:
-        it reads t, or the copy is held on into stage k + 1. A copy that only the stage's reruns read is
-        gone by then (the simulator frees a copy after its last reader): counting it to the stage's end
-        priced Gurobi's own UNet 5 GB schedule at 1.11 times the budget, which it replays within.
-        Held on: S[t,k+1] (one copy of t, held or remade here, enters stage k + 1), less the remade one
-        where t's op reruns at k, which the running sum counts as kept (Formulation.kept_after): the two
-        cancel in the backward op's row, and together count S[t,k+1] copies there. Before t's hold window:
-        s[t] (saved, held until a later stage)."""
+        """Terms that sum to 1 when the copy of t held into stage k is still there when backward op k runs
+        (Formulation.copy_at_backward); before t's hold window, s[t] (saved, held until a later stage)."""
         if k < self.hold_window[t][0]:
             return [(self.saved[t], 1.0)]
-        if k in self.stages.read_at.get(t, ()):
-            return [(self.held[(t, k)], 1.0)]
-        if (t, k + 1) not in self.held:
-            return []
-        remade = self.kept.get((t, k))  # only where t's op reruns at k
-        return [(self.held[(t, k + 1)], 1.0)] + ([(remade, -1.0)] if remade is not None else [])
+        return self.copy_at_backward(t, k, self.held[(t, k)], self.held.get((t, k + 1)))
 
     def _objective(self) -> None:
         """Each rerun's time under its op's option: the least of its options' on R[o,k], and what an

@@ -77,14 +77,15 @@ def test_a_ladder_whose_short_rung_is_infeasible_goes_on():
 
 def test_a_rung_starts_from_a_faster_schedule_found_beside_the_search():
     """relu_chain(12) at 50 %: a neighbourhood search in the general formulation beats the compact
-    formulation's optimum (58.7 s against 57.3 s, measured). Where such a schedule is at hand beside the
-    search (a worker's, as solve(workers=2) has them), the ladder's next rung starts from it, so the
-    ladder ends no slower than it; rungs that ignored it ended at the compact optimum."""
+    formulation's optimum (58.7 s against 57.3 or 58.1 s in 3 s, measured, from two of its optima). Where
+    such a schedule is at hand beside the search (a worker's, as solve(workers=2) has them), the ladder's
+    next rung starts from it, so the ladder ends no slower than it; rungs that ignored it ended at the
+    compact optimum."""
     p = relu_chain(12)
     budget = int(unconstrained(p) * 0.5)
     compact = solve(p, budget, formulation="compact", time_limit=10, gap=1e-9)
     found = neighbourhood_search(General(p, budget, None), compact.schedule, budget, time.perf_counter() + 3)
-    assert found is not None and found[1].time < compact.replay.time - 1.0
+    assert found is not None and found[1].time < compact.replay.time - 0.5
     settings = SolveSettings(formulation=["compact", "compact"], horizon=["auto", None], time_limit=10, gap=1e-9)
     baseline = (keep_all(p), simulate(p, keep_all(p)))
     with Beside(p, budget, settings, 0, 10) as beside:  # no worker: the schedule is handed to it here
