@@ -234,7 +234,7 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
     objective and bound in 0.01 ms, or what failed. `progress` (monet.api's Progress) hears the solver."""
     from monet.solver import solve
     from monet.solver.polish import PATIENCE
-    from monet.solver.solve import STALL_SHARE
+    from monet.solver.solve import STALL_GAP, STALL_SHARE
 
     from .monet_convert import UNIT, budget_bytes, convert
 
@@ -246,6 +246,7 @@ def solve_instance(inst: Instance, time_limit: float, heuristic_effort: float = 
               "heuristic_effort": heuristic_effort, "workers": workers, "stall_share": STALL_SHARE,
               "neighbourhoods_free_options": workers > 1, "fastest_kernels_first": True,
               "worker_patience": PATIENCE if workers > 1 else None, "freed_before_backward_op": "compact,general",
+              "last_rung_stall_gap": STALL_GAP,
               "in_place": len(converted.place_choice), "intermediate_reruns": len(converted.rerun_intermediates),
               "formulation": ",".join(settings.formulation),
               "horizon": ",".join(str(h).lower() for h in settings.horizon)}
@@ -308,6 +309,9 @@ def table(folder: Path, solves: dict | None = None) -> str:
         if rec.get("freed_before_backward_op"):  # True: by the general formulation only (until 2026-12-04)
             where = "general" if rec["freed_before_backward_op"] is True else rec["freed_before_backward_op"]
             effort += f", copies only reruns read freed before the backward op ({where.replace(',', ' and ')})"
+        if rec.get("last_rung_stall_gap"):
+            effort += (f", the last rung stalled with its gap over {rec['last_rung_stall_gap']:.0%} hands on to a "
+                       "neighbourhood search")
         if rec.get("in_place"):
             effort += f", {rec['in_place']} in-place choices"
         if rec.get("intermediate_reruns"):
@@ -368,7 +372,8 @@ def main(argv: list[str] | None = None) -> None:
             "choices, on this machine's shared cores, with the formulations and horizons each cell names (one; or "
             "a ladder, each rung started from the best schedule so far on an equal share of the time left; where a "
             "cell says \"stalled rungs stop\", a rung before the last stops after a third of its share without a "
-            "better schedule), "
+            "better schedule; where it says the last rung hands on, the last does so too while its gap is over that "
+            "share of the step time, and a neighbourhood search in the general formulation takes the time left), "
             "HiGHS's heuristic effort and, where a cell says \"2 processes\", a neighbourhood search beside the "
             "search in a second process (one solve at a time then; where it says \"neighbourhoods free every "
             "option\", each piece of that search freed how every op runs, and the ladder's rungs started from its "

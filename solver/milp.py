@@ -82,7 +82,8 @@ class Milp:
               heuristic_effort: float = 0.05, warm: dict[int, float] | None = None, verbose: bool = False,
               relax: bool = False, target: float | None = None, fixed: dict[int, float] | None = None,
               progress: Callable[[float, float], None] | None = None,
-              incumbent: Callable[[np.ndarray], None] | None = None, stall: float | None = None) -> MilpResult:
+              incumbent: Callable[[np.ndarray], None] | None = None, stall: float | None = None,
+              stall_above: float = 0.0) -> MilpResult:
         """Minimise the cost; stop when proven within `mip_rel_gap` (relative) or `abs_gap` (in
         cost units) of the optimum. `warm` fixes binaries to a known solution first (an LP, quick);
         if that solution is feasible HiGHS starts from it, so the time limit returns at least it.
@@ -96,7 +97,8 @@ class Milp:
         HiGHS finds (every variable by index; at most one call per TICK, with the newest). `stall`
         stops the search, as its time limit would, where it has a solution (the warm start counts) and
         has found no better one for that many seconds (HiGHS sees the stop at its next interrupt check:
-        not within its root node's cut rounds). Ctrl-C
+        not within its root node's cut rounds), while its gap (objective less bound, cost units) exceeds
+        `stall_above`: a search closing in on its proof goes on. Ctrl-C
         (KeyboardInterrupt) cancels HiGHS and is raised again within GRACE seconds, whether or not
         HiGHS has stopped yet (see `stopping`)."""
         import highspy  # loaded only when something is solved
@@ -141,7 +143,7 @@ class Milp:
             if solution is not None:
                 highs.setSolution(solution)
                 best.objective = float(cost @ np.asarray(solution.col_value))
-            _run(highs, best, progress, incumbent, stall)
+            _run(highs, best, progress, incumbent, stall, stall_above)
             return highs, best
 
         seeded, warm_state, warm_objective = None, None, np.inf
@@ -222,7 +224,8 @@ def _wait_stopped() -> None:
 
 
 def _run(highs, best: _Best, progress: Callable[[float, float], None] | None,
-         incumbent: Callable[[np.ndarray], None] | None = None, stall: float | None = None) -> None:
+         incumbent: Callable[[np.ndarray], None] | None = None, stall: float | None = None,
+         stall_above: float = 0.0) -> None:
     """`highs.run()` in HiGHS's own thread, so that this one can report progress (and better solutions),
     cancel a stalled search (see Milp.solve), and take Ctrl-C: on any exception here (KeyboardInterrupt,
     or one from a callback) HiGHS is cancelled, given GRACE seconds to stop, and the exception raised."""
@@ -235,7 +238,8 @@ def _run(highs, best: _Best, progress: Callable[[float, float], None] | None,
     highs.startSolve()
     try:
         while not highs.wait(TICK)[0]:
-            if stall is not None and np.isfinite(best.objective) and time.perf_counter() - best.since > stall:
+            if (stall is not None and np.isfinite(best.objective) and time.perf_counter() - best.since > stall
+                    and best.objective - best.bound > stall_above):
                 highs.cancelSolve()  # HiGHS stops at its next interrupt check; this loop waits for it
                 stall = None
             if progress:

@@ -26,7 +26,8 @@ FORMULATIONS = ("auto", "compact", "general")
 GENERAL_UP_TO = 40  # forward ops; "auto" poses smaller problems without choices to make in the general formulation
 HORIZONS = (None, 120, 80, 60, 40, 30, 20, 15, 10)
 START_SHARE = 0.1  # of a solve's time limit: lengthening the horizon for a heuristic start stops past it
-STALL_SHARE = 1 / 3  # of a ladder rung's share: a rung before the last that finds nothing better for so long stops
+STALL_SHARE = 1 / 3  # of a ladder rung's share: a rung that finds nothing better for so long stops
+STALL_GAP = 0.01  # of the step time: the ladder's last rung stops where it stalls only with its gap above this
 RERUN_SLOTS = 2100  # "auto" horizon: the longest one whose (op, stage) rerun pairs stay within this
 
 # progress(stage, done, total, detail): what the solver is doing, for a progress display. `total` is
@@ -174,7 +175,8 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     in step, solves at each rung in turn, each on an equal share of the time left and started from
     the best schedule so far, and returns the last, which is never slower; a rung before the last
     whose search finds no better schedule for STALL_SHARE of its share stops and leaves the rest to
-    the rungs after it.
+    the rungs after it; the last stops so too where its gap is still over STALL_GAP, and leaves the rest
+    to a neighbourhood search, as `polish` would (HiGHS's search of the whole ILP rarely finds more there).
     The solver starts from the fastest of Chen's greedy schedules that fits (or the fastest one shaved to fit),
     with ops run as PyTorch runs them, in their leanest way or in the way they rerun fastest, or from `start` (a
     schedule of this problem) where that fits and is faster; where none fits, from the first schedule that a
@@ -221,13 +223,21 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
             solution = _ladder(problem, budget, searching, start, progress, baseline, beside)
         else:
             solution = _solve(problem, budget, searching, start, progress, baseline, explain=True, beside=beside)
-        fastest = beside.fastest() if beside is not None else None
-        if fastest is not None and beside.found and fastest[1].time < solution.replay.time:
-            solution = _found_beside(problem, solution, fastest[0], beside.bound, time.perf_counter(),
-                                     "found by a neighbourhood search beside the search, faster than")
-        if settings.polish:
+        solution = _fastest_beside(problem, solution, beside)
+        stalled = solution.status == "time_limit" and began + settings.time_limit - time.perf_counter() > 2 * SECONDS
+        if settings.polish or stalled:
             solution = _polished(problem, budget, settings, solution, began + settings.time_limit, progress)
+            solution = _fastest_beside(problem, solution, beside)
     return solution
+
+
+def _fastest_beside(problem: Problem, solution: Solution, beside: Beside | None) -> Solution:
+    """`solution`, or the schedule a worker beside the search found where that is faster."""
+    fastest = beside.fastest() if beside is not None else None
+    if fastest is None or not beside.found or fastest[1].time >= solution.replay.time:
+        return solution
+    return _found_beside(problem, solution, fastest[0], beside.bound, time.perf_counter(),
+                         "found by a neighbourhood search beside the search, faster than")
 
 
 def _polished(problem: Problem, budget: int, settings: SolveSettings, solution: Solution, until: float,
@@ -317,8 +327,8 @@ def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Sched
             baseline: tuple[Schedule, Replay], beside: Beside | None) -> Solution:
     """`solve` at each rung of the ladder (see _rungs) in turn, each on an equal share of the time left and
     started from the best schedule so far (a neighbourhood search's beside it where that is faster; until one
-    fits, the least-peak search's schedule of least peak), all but the last stopped where they stall
-    (STALL_SHARE); the last solution, which is no slower than any before it."""
+    fits, the least-peak search's schedule of least peak), each stopped where it stalls (STALL_SHARE; the
+    last only with its gap over STALL_GAP); the last solution, which is no slower than any before it."""
     rungs = _rungs(settings)
     began, best, warnings = time.perf_counter(), None, []
     lowest = start  # until a rung finds a schedule within the budget: the one of least peak found so far
@@ -336,7 +346,7 @@ def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Sched
                               label=_rung_text(formulation, horizon, settings), alone=best is None,
                               kernels_first=formulation == "general" and horizon is None,
                               beside=beside,
-                              stall=None if last else STALL_SHARE * share)
+                              stall=STALL_SHARE * share, stall_gap=STALL_GAP if last else 0.0)
         except (_NoSchedule, SolverFailedError) as failed:
             least = getattr(failed, "least", None)
             if least is not None and least.schedule is not None:
@@ -365,7 +375,7 @@ class _Reached(Exception):
 def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
            baseline: tuple[Schedule, Replay], *, explain: bool, label: str = "", seek: bool = True,
            alone: bool = True, kernels_first: bool = True, beside: Beside | None = None,
-           stall: float | None = None) -> Solution:
+           stall: float | None = None, stall_gap: float = 0.0) -> Solution:
     """`solve` at one horizon; `baseline` is keep_all(problem, settings.options) and its replay. An
     infeasible budget raises InfeasibleBudgetError stating the least peak when `explain`, else
     _NoSchedule at once. Where no schedule at hand fits, a least-peak search finds one first (see
@@ -376,7 +386,8 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     choosing implementations, solve with the fastest kernels fixed first (in a ladder, at its general rungs
     with reruns at any distance only: on MONeT's UNet at 9 GB, the rung at 40 stages found nothing faster so).
     Stages are reported to `progress` named after `label`; `beside` hears of each schedule found (the
-    starting one, HiGHS's incumbents). HiGHS stops where it finds no better schedule for `stall` seconds."""
+    starting one, HiGHS's incumbents). HiGHS stops where it finds no better schedule for `stall` seconds
+    while its gap exceeds `stall_gap` (a share of keeping everything's step time)."""
     began = time.perf_counter()
     options, time_limit = settings.options or {}, settings.time_limit
     baseline, baseline_replay = baseline
@@ -465,6 +476,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         time_limit=max(1.0, time_limit - (time.perf_counter() - began)), seed=settings.seed, warm=warm,
         verbose=settings.solver_log, heuristic_effort=settings.heuristic_effort, abs_gap=settings.gap * reference * 1e3,
         progress=_watch(progress, label + "solving", began, time_limit, step_time), stall=stall,
+        stall_above=stall_gap * reference * 1e3,
         incumbent=None if beside is None else lambda values: beside.offer(
             _unpose(formulation.schedule(values), posed, problem, fixed)))
     # Schedules of `problem` that the simulator finds within the budget without HiGHS: the starting
