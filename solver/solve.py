@@ -224,7 +224,7 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
         else:
             solution = _solve(problem, budget, searching, start, progress, baseline, explain=True, beside=beside)
         solution = _fastest_beside(problem, solution, beside)
-        stalled = solution.status == "time_limit" and began + settings.time_limit - time.perf_counter() > 2 * SECONDS
+        stalled = solution.status == "time_limit" and began + settings.time_limit - time.perf_counter() > SECONDS
         if settings.polish or stalled:
             solution = _polished(problem, budget, settings, solution, began + settings.time_limit, progress)
             solution = _fastest_beside(problem, solution, beside)
