@@ -652,6 +652,33 @@ def test_a_stalled_search_stops_as_at_its_time_limit():
     assert time.perf_counter() - began < 20
     assert result.status == "time_limit" and result.values is not None
     assert result.bound <= result.objective < 0 and result.gap > 0
+    # `stall_above`: a search whose gap is within it goes on (to its time limit here) however long it stalls
+    began = time.perf_counter()
+    result = milp.solve(time_limit=6, stall=1.0, stall_above=-result.objective, mip_rel_gap=0)
+    assert time.perf_counter() - began > 5.5 and result.status == "time_limit"
+
+
+def test_a_ladders_last_rung_stalled_with_a_wide_gap_hands_on_to_a_neighbourhood_search(monkeypatch):
+    """The last rung stops where it stalls with its gap over STALL_GAP, and a neighbourhood search takes
+    the time left (as `polish` would); with its gap within STALL_GAP, HiGHS goes on (to its time limit here)."""
+    import importlib
+
+    solving = importlib.import_module("monet.solver.solve")  # the module: monet.solver.solve is also the function
+    p = relu_chain(12)
+    budget = int(unconstrained(p) * 0.5)
+    settings = dict(formulation=["compact", "general"], horizon=["auto", None], time_limit=24, gap=1e-9)
+    monkeypatch.setattr(solving, "STALL_SHARE", 1e-3)  # stalled at once
+    monkeypatch.setattr(solving, "STALL_GAP", 0.0)
+    stages = []
+    handed = solve(p, budget, **settings, progress=lambda stage, *_: stages.append(stage))
+    assert "polishing" in stages
+    assert "polished by a neighbourhood search from the general formulation's schedule" in handed.note
+    assert handed.peak <= budget and handed.status == "time_limit" and handed.solve_time > 24 - 2
+    monkeypatch.setattr(solving, "STALL_GAP", 1.0)  # any gap is within it: the last rung runs to its time limit
+    stages.clear()
+    kept = solve(p, budget, **{**settings, "time_limit": 12}, progress=lambda stage, *_: stages.append(stage))
+    assert "polishing" not in stages and "polished" not in kept.note
+    assert kept.peak <= budget and kept.solve_time > 12 - 2
 
 
 def test_a_copy_only_reruns_read_is_not_counted_at_the_backward_op():
