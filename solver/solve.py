@@ -223,8 +223,9 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
             solution = _ladder(problem, budget, searching, start, progress, baseline, beside)
         else:
             solution = _solve(problem, budget, searching, start, progress, baseline, explain=True, beside=beside)
-        solution = _fastest_beside(problem, solution, beside)
+        # the search stopped early without a proof: a ladder's last rung that stalled (STALL_GAP)
         stalled = solution.status == "time_limit" and began + settings.time_limit - time.perf_counter() > SECONDS
+        solution = _fastest_beside(problem, solution, beside)
         if settings.polish or stalled:
             solution = _polished(problem, budget, settings, solution, began + settings.time_limit, progress)
             solution = _fastest_beside(problem, solution, beside)
