@@ -55,7 +55,7 @@ SETTINGS = SolveSettings(formulation=("compact", "general", "general"), horizon=
                          implementations=True, gap=1e-4)
 # GoogLeNet's automatic horizon is 10-30 of its 280 stages, and its better schedules rerun further ahead: its
 # first rung is the compact formulation at most 60 stages ahead, whose checkpointing-alone solve finds them (5 GB:
-# 90,514 at 50 s, where the automatic horizon's rung ended at 91,064, +0.72 %, and a 60-stage rung started from
+# 90,514 at 51 s, where the automatic horizon's rung ended at 91,064, +0.72 %, and a 60-stage rung started from
 # that schedule found nothing better in its share; by hand, 2026-12-04), the general one at any distance the
 # last. UNet 5 GB with a compact 60-stage rung after the automatic one ended at +11.2 % (was +1.47 %), so it is
 # GoogLeNet's alone: settings chosen per model, by measurement.

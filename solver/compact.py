@@ -180,8 +180,7 @@ class Compact(Formulation):
         no read is sure) counts it over those stages, gathered per stage by a running sum."""
         milp, stages, P, Q = self.milp, self.stages, self._P, self._Q
         held_terms: list[Terms] = [[] for _ in range(stages.count)]
-        self._copies: list[list[tuple[int, int, float]]] = [[] for _ in range(stages.count)]  # (t, h, size)
-        self._copy: dict[tuple[int, int], int] = {}  # (t, k) -> h
+        self._copies: list[dict[int, tuple[int, float]]] = [{} for _ in range(stages.count + 1)]  # t -> (h, size)
         saved_from: list[Terms] = [[] for _ in range(stages.count + 1)]  # saved copies counted below stage k
         for t, (a, b) in self.tensor_window.items():
             o, size = self.problem.tensors[t].producer, self.units(self.problem.tensors[t].bytes)
@@ -198,8 +197,7 @@ class Compact(Formulation):
                 if P(o, k - 1) is not None:
                     milp.add_row([(P(o, k - 1), 1.0), (Q(t, k), 1.0), (h, -1.0)], 1.0)
                 held_terms[k].append((h, size))
-                self._copies[k].append((t, h, size))
-                self._copy[(t, k)] = h
+                self._copies[k][t] = (h, size)
         below: Terms = []
         for k in range(stages.count - 1, -1, -1):
             saved_before = milp.add_vars()
@@ -226,10 +224,12 @@ class Compact(Formulation):
         """`held` as backward op k finds it: each copy counted as h[t,k] as Formulation.copy_at_backward
         says, with h[t,k+1] as the copy held on. The saved copies counted before t's h stages are read at k
         or needed later, so stay."""
-        copies = {h for _, h, _ in self._copies[k]}
-        left: Terms = [(v, c) for v, c in held if v not in copies]
-        for t, h, size in self._copies[k]:
-            left += [(v, c * size) for v, c in self.copy_at_backward(t, k, h, self._copy.get((t, k + 1)))]
+        copies, after = self._copies[k], self._copies[k + 1]
+        held_copies = {h for h, _ in copies.values()}
+        left: Terms = [(v, c) for v, c in held if v not in held_copies]
+        for t, (h, size) in copies.items():
+            held_on = after[t][0] if t in after else None
+            left += [(v, c * size) for v, c in self.copy_at_backward(t, k, h, held_on)]
         return left
 
     def _forward_rows(self) -> None:
