@@ -31,6 +31,7 @@ import pickle
 import re
 import time
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -299,7 +300,7 @@ def table(folder: Path, solves: dict | None = None) -> str:
         if rec.get("workers", 1) > 1:
             effort += f", {rec['workers']} processes"
         if rec.get("stall_share"):
-            effort += ", stalled rungs stop"
+            effort += f", stalled rungs stop ({Fraction(rec['stall_share']).limit_denominator(12)})"
         if rec.get("neighbourhoods_free_options"):
             effort += ", neighbourhoods free every option"
         if rec.get("fastest_kernels_first"):
@@ -371,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
             "profile); monet solves the converted instance (benchmarks/monet_convert.py) with implementation "
             "choices, on this machine's shared cores, with the formulations and horizons each cell names (one; or "
             "a ladder, each rung started from the best schedule so far on an equal share of the time left; where a "
-            "cell says \"stalled rungs stop\", a rung before the last stops after a third of its share without a "
+            "cell says \"stalled rungs stop (s)\", a rung before the last stops after s of its share without a "
             "better schedule; where it says the last rung hands on, the last does so too while its gap is over that "
             "share of the step time, and a neighbourhood search in the general formulation takes the time left), "
             "HiGHS's heuristic effort and, where a cell says \"2 processes\", a neighbourhood search beside the "

@@ -26,7 +26,8 @@ FORMULATIONS = ("auto", "compact", "general")
 GENERAL_UP_TO = 40  # forward ops; "auto" poses smaller problems without choices to make in the general formulation
 HORIZONS = (None, 120, 80, 60, 40, 30, 20, 15, 10)
 START_SHARE = 0.1  # of a solve's time limit: lengthening the horizon for a heuristic start stops past it
-STALL_SHARE = 1 / 3  # of a ladder rung's share: a rung that finds nothing better for so long stops
+STALL_SHARE = 1 / 6  # of a ladder rung's share: a rung that finds nothing better for so long stops (a third
+# left MONeT's UNet at 5 GB, 300 s, at 131,434 units; a sixth hands the time to a neighbourhood search sooner)
 STALL_GAP = 0.01  # of the step time: the ladder's last rung stops where it stalls only with its gap above this
 RERUN_SLOTS = 2100  # "auto" horizon: the longest one whose (op, stage) rerun pairs stay within this
 
@@ -223,8 +224,9 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
             solution = _ladder(problem, budget, searching, start, progress, baseline, beside)
         else:
             solution = _solve(problem, budget, searching, start, progress, baseline, explain=True, beside=beside)
-        # the search stopped early without a proof: a ladder's last rung that stalled (STALL_GAP)
-        stalled = solution.status == "time_limit" and began + settings.time_limit - time.perf_counter() > SECONDS
+        # the search stopped early without a proof: a ladder's last rung that stalled (STALL_GAP), whether or not
+        # the simulator confirmed its answer (MONeT's UNet at 5 GB ended "unverified" so at 126 s of 300, unpolished)
+        stalled = solution.status != "optimal" and began + settings.time_limit - time.perf_counter() > SECONDS
         solution = _fastest_beside(problem, solution, beside)
         if settings.polish or stalled:
             solution = _polished(problem, budget, settings, solution, began + settings.time_limit, progress)

@@ -660,7 +660,8 @@ def test_a_stalled_search_stops_as_at_its_time_limit():
 
 def test_a_ladders_last_rung_stalled_with_a_wide_gap_hands_on_to_a_neighbourhood_search(monkeypatch):
     """The last rung stops where it stalls with its gap over STALL_GAP, and a neighbourhood search takes
-    the time left (as `polish` would); with its gap within STALL_GAP, HiGHS goes on (to its time limit here)."""
+    the time left (as `polish` would), whether or not the simulator confirmed HiGHS's answer; with its gap
+    within STALL_GAP, HiGHS goes on (to its time limit here)."""
     import importlib
 
     solving = importlib.import_module("monet.solver.solve")  # the module: monet.solver.solve is also the function
@@ -679,6 +680,15 @@ def test_a_ladders_last_rung_stalled_with_a_wide_gap_hands_on_to_a_neighbourhood
     kept = solve(p, budget, **{**settings, "time_limit": 12}, progress=lambda stage, *_: stages.append(stage))
     assert "polishing" not in stages and "polished" not in kept.note
     assert kept.peak <= budget and kept.solve_time > 12 - 2
+    # where the simulator contradicts HiGHS's answer, the rung's solution is "unverified", not "time_limit", but
+    # unproven all the same: the time left still goes to the neighbourhood search (it went unused)
+    monkeypatch.setattr(solving, "STALL_GAP", 0.0)
+    contradicted = []
+    monkeypatch.setattr(solving, "_audit", lambda *_: contradicted.append(1) or ["a contradiction, injected"])
+    stages.clear()
+    unverified = solve(p, budget, **settings, progress=lambda stage, *_: stages.append(stage))
+    assert contradicted and "polishing" in stages and "a contradiction, injected" in unverified.warnings
+    assert unverified.peak <= budget and unverified.solve_time > 24 - 2
 
 
 def test_a_copy_only_reruns_read_is_not_counted_at_the_backward_op():
