@@ -250,7 +250,9 @@ class Formulation:
         say, if this formulation has them."""
         return None
 
-    def schedule(self, values: np.ndarray) -> Schedule:
+    def schedule(self, values: np.ndarray, *, prune: bool = True) -> Schedule:
+        """The schedule of a solution, without the reruns that no op reads (HiGHS can stop at a solution
+        with some: they cost time and memory, so never at an optimum); with them, unless `prune`."""
         by_stage = self.reruns(values)
         options = self.options(values)
         seq: list[int] = []
@@ -258,7 +260,7 @@ class Formulation:
             seq.extend(sorted(by_stage.get(k, [])))
             if op.impl(self.problem.option_index(op, options)).runs:
                 seq.append(op.id)
-        return Schedule.from_backward(self.problem, seq, options)
+        return Schedule.from_backward(self.problem, seq, options, prune=prune)
 
 
 def _dominates(ops: list, i: int, j: int) -> bool:

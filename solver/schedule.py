@@ -37,11 +37,12 @@ class Schedule:
 
     @classmethod
     def from_backward(cls, problem: Problem, backward: list[int] | tuple[int, ...],
-                      options: dict[str, str] | None = None) -> Schedule:
-        """The schedule that runs `backward`, saving exactly what it reads before any recomputation.
-        Options equal to a choice's first option are left out."""
+                      options: dict[str, str] | None = None, *, prune: bool = True) -> Schedule:
+        """The schedule that runs `backward`, saving exactly what it reads before any recomputation,
+        without reruns that no op reads (unless not `prune`). Options equal to a choice's first option
+        are left out."""
         options = {c: o for c, o in (options or {}).items() if problem.choice_named[c].options[0] != o}
-        backward = prune_dead_recomputations(problem, tuple(backward), options)
+        backward = prune_dead_recomputations(problem, tuple(backward), options) if prune else tuple(backward)
         return cls(saved=_first_reads(problem, backward, options), backward=backward, options=options)
 
     def impl(self, problem: Problem, op: Op) -> Impl:

@@ -743,3 +743,41 @@ def test_a_rerun_for_one_output_holds_the_others_until_they_are_needed():
     priced = within.milp.solve(time_limit=10, warm=values, fixed=values)
     assert priced.status == "optimal" and priced.warm == "accepted"
     assert within.fixed_time + priced.objective / 1e3 == pytest.approx(replay.time, rel=1e-9)
+
+
+def test_a_rerun_no_op_reads_is_dropped_without_a_contradiction():
+    """HiGHS can stop at a solution that reruns f1 where no op reads its copy (before b1, which does not
+    read a1, and again before b0, which does).
+    The schedule returned drops that rerun, so it replays faster than HiGHS priced it; priced with the
+    rerun kept it replays at HiGHS's price, so the audit states no contradiction (it did: a UNet solve
+    ended "unverified", its bound dropped). A price that the schedule does not replay at, even with the
+    rerun kept, is still one."""
+    import importlib
+
+    solving = importlib.import_module("monet.solver.solve")  # the module: monet.solver.solve is also the function
+    b = _Builder()
+    x = b.tensor("x", 10, "input")
+    a0 = b.ops[b.op("f0", "forward", [x], [("a0", 100, "activation")])].outputs[0]
+    a1 = b.ops[b.op("f1", "forward", [a0], [("a1", 100, "activation")], time=2.0)].outputs[0]
+    b.op("f2", "forward", [a1], [("y", 10, "output")])
+    dy = b.tensor("dy", 10, "tangent")
+    g2 = b.ops[b.op("b2", "backward", [dy, a1], [("g2", 30, "temp")])].outputs[0]
+    g1 = b.ops[b.op("b1", "backward", [g2], [("g1", 10, "temp")])].outputs[0]
+    b.op("b0", "backward", [g1, x, a1], [("g0", 10, "grad")])
+    p = b.problem()
+    named = [p.op_named(n).id for n in ["f1", "b2", "f1", "b1", "f1", "b0"]]
+    unpruned = Schedule.from_backward(p, named, prune=False)
+    pruned = Schedule.from_backward(p, named)
+    assert pruned.backward == tuple(p.op_named(n).id for n in ["f1", "b2", "b1", "f1", "b0"])
+    replay = simulate(p, pruned)
+    assert simulate(p, unpruned).time == pytest.approx(replay.time + 2.0)
+    budget = 2 * simulate(p, unpruned).peak  # room for the copy no op reads
+    formulation = General(p, budget, None)
+    values = formulation.warm_from(unpruned)
+    result = formulation.milp.solve(time_limit=10, warm=values, fixed=values)
+    assert values is not None and result.status == "optimal" and formulation.schedule(result.values) == pruned
+    priced = formulation.fixed_time + result.objective / 1e3
+    assert priced == pytest.approx(replay.time + 2.0)
+    assert replay.peak <= budget and solving._audit(result, formulation, replay, priced, 0.0, budget) == []
+    warned = solving._audit(result, formulation, replay, priced + 1.0, 0.0, budget)
+    assert len(warned) == 1 and "the simulator replays it at" in warned[0]
