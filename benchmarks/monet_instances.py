@@ -50,8 +50,9 @@ EFFORT = 1.0  # what the solves here use: the time limit cuts every UNet solve, 
 # The compact formulation chooses what to keep and how ops run at the horizon its size allows; the general
 # one, started from its schedule, reruns tensors several times as MONeT's ILP may: first at most 40 stages
 # ahead (a third of the unbounded formulation's size on UNet: it proves UNet 9 GB optimal), then at any
-# distance (VGG-16 7 GB needs it). Each rung gets an equal share of the time left; one that stalls for a sixth of
-# it stops and leaves the rest to the next (solver.solve's STALL_SHARE; README, "GPU-size problems, and MONeT's instances").
+# distance (VGG-16 7 GB needs it). Each rung gets an equal share of the time left; one that stalls for a sixth
+# of it stops and leaves the rest to the next (solver.solve's STALL_SHARE; README, "GPU-size problems, and
+# MONeT's instances").
 SETTINGS = SolveSettings(formulation=("compact", "general", "general"), horizon=("auto", 40, None),
                          implementations=True, gap=1e-4)
 # GoogLeNet's automatic horizon is 10-30 of its 280 stages, and its better schedules rerun further ahead: its
