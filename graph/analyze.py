@@ -80,19 +80,30 @@ def _forward_nodes(graph: torch.fx.Graph, fwd_outputs: list[torch.fx.Node]) -> s
 def _recomputable(node: torch.fx.Node, mutated_buffers: set[str]) -> bool:
     """Whether rerunning `node` in the backward gives the values it gave in the forward.
 
-    Random ops would draw new numbers, impure ones would act twice. An op that
+    Random ops would draw new numbers, impure ones would act twice; an op tagged random that is
+    given no randomness to draw (attention with `dropout_p` 0) gives the same values. An op that
     reads a buffer the step updates (running stats) would see the new value on a
     rerun; training-mode batch norm is the exception that is safe: its outputs
     that anyone reads in the backward do not depend on the running stats.
     """
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        if torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable:
-            return False
-    if node.is_impure():
+    seeded = isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+    if seeded and (target._schema.is_mutable or not _without_dropout(node)):
         return False
+    if not seeded and (node.is_impure() or (isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable)):
+        return False  # fx calls random ops impure: those without dropout were let through above
     reads_mutated = any(arg.name in mutated_buffers for arg in node.all_input_nodes)
     return not reads_mutated or (target in TRAINING_FORWARDS and node.args[5] is True)
+
+
+def _without_dropout(node: torch.fx.Node) -> bool:
+    """Whether `node` calls an op whose only randomness is its dropout with `dropout_p` 0."""
+    names = [a.name for a in node.target._schema.arguments]
+    if "dropout_p" not in names:
+        return False
+    index = names.index("dropout_p")
+    value = node.args[index] if index < len(node.args) else node.kwargs.get("dropout_p", 0.0)
+    return value == 0
 
 
 def input_values(gm: torch.fx.GraphModule) -> list[torch.Tensor]:

@@ -7,6 +7,7 @@ so a keep set found here (with its options) is a valid starting point (warm star
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -162,15 +163,18 @@ def fastest_kernels(problem: Problem, *, allow_approximate: bool = False) -> dic
     return out if trades else {}
 
 
-def best_first_need(problem: Problem, budget: int | None,
-                    admits: Callable[[Schedule], bool] | None = None) -> tuple[frozenset[int], Replay] | None:
+def best_first_need(problem: Problem, budget: int | None, admits: Callable[[Schedule], bool] | None = None,
+                    until: float | None = None) -> tuple[frozenset[int], Replay] | None:
     """The fastest of Chen's candidate drop sets whose first-need schedule fits `budget`, or
     (budget None) the one with the least peak, shaved as low as it goes (on a problem without
     choices); with `admits`, only schedules it admits count. When none fits, the least-peak one
     is shaved to fit; the fastest of those that do not fit is shaved to fit too, and stands where
-    it is faster (where reruns are free, dropping a few more tensors beats Chen's segments)."""
+    it is faster (where reruns are free, dropping a few more tensors beats Chen's segments). Past `until`
+    (a time.perf_counter() deadline) no more candidates are tried: deep models have hundreds."""
     best = least = fastest = None
     for dropped in chen_candidates(problem):
+        if until is not None and time.perf_counter() > until and least is not None:
+            break
         schedule = recompute_at_first_need(problem, dropped)
         if admits is not None and not admits(schedule):
             continue
@@ -183,9 +187,9 @@ def best_first_need(problem: Problem, budget: int | None,
         if budget is not None and replay.peak > budget and (fastest is None or replay.time < fastest[1].time):
             fastest = (dropped, replay)
     if least is not None and (budget is None or best is None):
-        return shave(problem, *least, budget, admits)
+        return shave(problem, *least, budget, admits, until)
     if fastest is not None and best is not None and fastest[1].time < best[2].time:
-        shaved = shave(problem, *fastest, budget, admits)
+        shaved = shave(problem, *fastest, budget, admits, until)
         if shaved is not None and shaved[1].time < best[2].time:
             return shaved
     return best[1:] if best else None
@@ -195,10 +199,11 @@ SHAVE_CANDIDATES = 8  # the largest droppable tensors live at the peak, tried ea
 
 
 def shave(problem: Problem, dropped: frozenset[int], replay: Replay, budget: int | None,
-          admits: Callable[[Schedule], bool] | None = None) -> tuple[frozenset[int], Replay] | None:
+          admits: Callable[[Schedule], bool] | None = None,
+          until: float | None = None) -> tuple[frozenset[int], Replay] | None:
     """Drop one more tensor at a time, among the largest kept ones live at the peak, whichever
     lowers the peak most (ties: the faster), until the first-need schedule fits `budget`; None
-    when no single drop lowers the peak any more (budget None: the lowest reached)."""
+    when no single drop lowers the peak any more, or past `until` (budget None: the lowest reached)."""
     tensor_win, op_win = Stages(problem).windows
     droppable = {t for t in tensor_win if problem.tensors[t].producer in op_win}
     while budget is None or replay.peak > budget:
@@ -212,8 +217,8 @@ def shave(problem: Problem, dropped: frozenset[int], replay: Replay, budget: int
             after = simulate(problem, schedule)
             if after.peak < replay.peak and (best is None or (after.peak, after.time) < (best[1].peak, best[1].time)):
                 best = (dropped | {t}, after)
-        if best is None:
-            return (dropped, replay) if budget is None else None
+        if best is None or (until is not None and time.perf_counter() > until):
+            return (dropped, replay) if budget is None else (best if best and best[1].peak <= budget else None)
         dropped, replay = best
     return dropped, replay
 
@@ -230,9 +235,10 @@ class Start:
 
 
 def warm_starts(problem: Problem, budget: int | None, option_sets: list[dict[str, str]],
-                horizon: int | None = None) -> Start | None:
+                horizon: int | None = None, until: float | None = None) -> Start | None:
     """The fastest first-need schedule that fits `budget` (None: the one with the least peak)
-    with any of `option_sets`, rerunning no op earlier than `horizon` allows (see Stages)."""
+    with any of `option_sets`, rerunning no op earlier than `horizon` allows (see Stages), as far as
+    the search gets by `until` (a time.perf_counter() deadline)."""
     stages = Stages(problem, horizon)
     best = None
     for options in option_sets:
@@ -241,7 +247,7 @@ def warm_starts(problem: Problem, budget: int | None, option_sets: list[dict[str
         def posed(schedule: Schedule, plain=plain, options=options) -> Schedule:
             return schedule.remap(plain, problem, options)
 
-        found = best_first_need(plain, budget, None if horizon is None else lambda s: stages.admits(posed(s)))
+        found = best_first_need(plain, budget, None if horizon is None else lambda s: stages.admits(posed(s)), until)
         if not found:
             continue
         key = (found[1].peak, found[1].time) if budget is None else (found[1].time,)

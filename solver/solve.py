@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .beside import Beside
+from .chain import Chained, chain_schedules
 from .compact import Compact
 from .formulation import Formulation
 from .general import General
@@ -26,6 +27,8 @@ FORMULATIONS = ("auto", "compact", "general")
 GENERAL_UP_TO = 40  # forward ops; "auto" poses smaller problems without choices to make in the general formulation
 HORIZONS = (None, 120, 80, 60, 40, 30, 20, 15, 10)
 START_SHARE = 0.1  # of a solve's time limit: lengthening the horizon for a heuristic start stops past it
+START_CAP = 0.25  # of a solve's time limit: the first search for a heuristic start stops past it (on a
+# 32-layer Llama it took 25 s, twice, of a 20 s limit)
 STALL_SHARE = 1 / 6  # of a ladder rung's share: a rung that finds nothing better for so long stops (a third
 # left MONeT's UNet at 5 GB, 300 s, at 131,434 units; a sixth hands the time to a neighbourhood search sooner)
 STALL_GAP = 0.01  # of the step time: the ladder's last rung stops where it stalls only with its gap above this
@@ -83,19 +86,21 @@ def _fixed(problem: Problem, settings: SolveSettings) -> dict[str, str]:
 
 def _start(posed: Problem, budget: int | None, option_sets: list[dict[str, str]], horizon: int | None | str,
            report: Callable[[float, float | None, str], None] = lambda *_: None,
-           incumbent: Schedule | None = None, until: float | None = None) -> tuple[int | None, Start | None]:
+           incumbent: Schedule | None = None, until: float | None = None,
+           first: float | None = None) -> tuple[int | None, Start | None]:
     """The horizon to pose the formulation with, and the heuristic schedule to start from (see warm_starts).
     An "auto" horizon that admits no heuristic schedule within the budget is lengthened until one does
     (or, past `until`, a time.perf_counter() deadline, no longer: each try simulates hundreds of schedules,
     and the solver needs the time), and then until it admits `incumbent` (the best schedule so far, of
-    `posed`'s ids: a longer solve starts from it). `report(done, total, detail)` hears of each horizon tried."""
+    `posed`'s ids: a longer solve starts from it). The first search stops at `first`, a deadline too, with
+    what it has found by then. `report(done, total, detail)` hears of each horizon tried."""
     if horizon != "auto":
         report(0, None, "")
-        return horizon, warm_starts(posed, budget, option_sets, horizon)
+        return horizon, warm_starts(posed, budget, option_sets, horizon, first)
     chosen = auto_horizon(posed)
     longer = list(reversed(HORIZONS[:HORIZONS.index(chosen)]))
     report(0, 1 + len(longer), _horizon_text(chosen))
-    found = warm_starts(posed, budget, option_sets, chosen)
+    found = warm_starts(posed, budget, option_sets, chosen, first)
     for tried, horizon in enumerate(longer, 1):
         if found:
             break
@@ -218,12 +223,20 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
                 else simulate(problem, baseline))
     searching = settings.but(time_limit=settings.time_limit * (1 - settings.polish))
     workers = settings.workers - 1
+    chained = _chained(problem, budget, settings, progress)
+    if chained.deep and budget <= chained.checkpointed and chained.within(budget):
+        solution = _chain_solution(chained, budget, began)
+        given = simulate(problem, start) if start is not None else None
+        if given is None or given.peak > budget or given.time >= solution.replay.time:
+            return solution
+    chained = chained.within(budget)
     with (Beside(problem, budget, settings, workers, settings.time_limit) if workers
           else contextlib.nullcontext()) as beside:
         if isinstance(settings.horizon, (list, tuple)) or isinstance(settings.formulation, (list, tuple)):
-            solution = _ladder(problem, budget, searching, start, progress, baseline, beside)
+            solution = _ladder(problem, budget, searching, start, progress, baseline, beside, chained)
         else:
-            solution = _solve(problem, budget, searching, start, progress, baseline, explain=True, beside=beside)
+            solution = _solve(problem, budget, searching, start, progress, baseline, explain=True, beside=beside,
+                              chained=chained)
         # the search stopped early without a proof: a ladder's last rung that stalled (STALL_GAP), whether or not
         # the simulator confirmed its answer (MONeT's UNet at 5 GB ended "unverified" so at 126 s of 300, unpolished)
         stalled = solution.status != "optimal" and began + settings.time_limit - time.perf_counter() > SECONDS
@@ -232,6 +245,25 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
             solution = _polished(problem, budget, settings, solution, began + settings.time_limit, progress)
             solution = _fastest_beside(problem, solution, beside)
     return solution
+
+
+def _chained(problem: Problem, budget: int | None, settings: SolveSettings, progress: Progress) -> Chained:
+    """The schedules of the problem's chain of repeated blocks (solver/chain.py), with ops run as the
+    heuristics run them (_option_sets)."""
+    progress("checkpointing the repeated blocks", 0, None, "")
+    _, posed, _ = _pose(problem, settings)
+    return chain_schedules(problem, budget, _option_sets(posed, settings))
+
+
+def _chain_solution(chained: Chained, budget: int, began: float) -> Solution:
+    """The fastest of a deep chain's schedules within `budget`, at or below per-block checkpointing's peak:
+    the flat ILP's horizon poses no schedule there that rebuilds a block, so it is not run."""
+    schedule, replay = min(chained.within(budget), key=lambda pair: pair[1].time)
+    note = (f"a checkpointing schedule of the model's {chained.blocks} repeated blocks (per-block checkpointing, "
+            "Chen's segments or Rotor's dynamic programme over the chain; solver/chain.py): at or below per-block "
+            "checkpointing's peak the flat ILP is not run on a deep chain, so no bound is claimed")
+    return Solution(schedule, replay, budget, "chain", "heuristic", replay.time, 0.0, 1.0 if replay.time > 0 else 0.0,
+                    time.perf_counter() - began, None, note)
 
 
 def _fastest_beside(problem: Problem, solution: Solution, beside: Beside | None) -> Solution:
@@ -327,7 +359,8 @@ def _rung_text(formulation: str, horizon: int | None | str, settings: SolveSetti
 
 
 def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
-            baseline: tuple[Schedule, Replay], beside: Beside | None) -> Solution:
+            baseline: tuple[Schedule, Replay], beside: Beside | None,
+            chained: list[tuple[Schedule, Replay]]) -> Solution:
     """`solve` at each rung of the ladder (see _rungs) in turn, each on an equal share of the time left and
     started from the best schedule so far (a neighbourhood search's beside it where that is faster; until one
     fits, the least-peak search's schedule of least peak), each stopped where it stalls (STALL_SHARE; the
@@ -349,7 +382,7 @@ def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Sched
                               label=_rung_text(formulation, horizon, settings), alone=best is None,
                               kernels_first=formulation == "general" and horizon is None,
                               beside=beside,
-                              stall=STALL_SHARE * share, stall_gap=STALL_GAP if last else 0.0)
+                              stall=STALL_SHARE * share, stall_gap=STALL_GAP if last else 0.0, chained=chained)
         except (_NoSchedule, SolverFailedError) as failed:
             least = getattr(failed, "least", None)
             if least is not None and least.schedule is not None:
@@ -378,7 +411,8 @@ class _Reached(Exception):
 def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
            baseline: tuple[Schedule, Replay], *, explain: bool, label: str = "", seek: bool = True,
            alone: bool = True, kernels_first: bool = True, beside: Beside | None = None,
-           stall: float | None = None, stall_gap: float = 0.0) -> Solution:
+           stall: float | None = None, stall_gap: float = 0.0,
+           chained: list[tuple[Schedule, Replay]] = ()) -> Solution:
     """`solve` at one horizon; `baseline` is keep_all(problem, settings.options) and its replay. An
     infeasible budget raises InfeasibleBudgetError stating the least peak when `explain`, else
     _NoSchedule at once. Where no schedule at hand fits, a least-peak search finds one first (see
@@ -390,7 +424,8 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     with reruns at any distance only: on MONeT's UNet at 9 GB, the rung at 40 stages found nothing faster so).
     Stages are reported to `progress` named after `label`; `beside` hears of each schedule found (the
     starting one, HiGHS's incumbents). HiGHS stops where it finds no better schedule for `stall` seconds
-    while its gap exceeds `stall_gap` (a share of keeping everything's step time)."""
+    while its gap exceeds `stall_gap` (a share of keeping everything's step time). `chained`: the chain's
+    schedules within the budget (_chained), which stand where the search finds nothing faster."""
     began = time.perf_counter()
     options, time_limit = settings.options or {}, settings.time_limit
     baseline, baseline_replay = baseline
@@ -432,13 +467,14 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     def start_from(incumbent, heuristics=True):
         return _start(posed, budget, _option_sets(posed, settings) if heuristics else [], settings.horizon,
                       lambda *state: progress(label + "finding a starting schedule", *state),
-                      incumbent[0] if incumbent else None, time.perf_counter() + START_SHARE * time_limit)
+                      incumbent[0] if incumbent else None, time.perf_counter() + START_SHARE * time_limit,
+                      time.perf_counter() + START_CAP * time_limit)
 
     horizon, found = start_from(incumbent)
     if not seek and found is None and incumbent is None:
         raise _NoSchedule
     sought = None  # the least-peak search's result, where it ran
-    if seek and found is None and incumbent is None:
+    if seek and found is None and incumbent is None and not chained:
         # No heuristic schedule fits, and HiGHS's own heuristics may find none in time: the least-peak
         # search, stopped at its first schedule within the budget, gives the search one to start from,
         # or proves that none fits.
@@ -490,12 +526,17 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         fallbacks.append((first, simulate(problem, first)))
     if incumbent and kind != "compact":
         fallbacks.append(incumbent)
+    if chained:
+        fallbacks.append(min(chained, key=lambda pair: pair[1].time))
     outside = found is not None and not formulation.stages.admits(found.schedule)  # a start the ILP cannot pose
     if result.values is None and fallbacks:
         # A schedule fits (the simulator says so) where the formulation found nothing, in time or (its
         # rows can overcount, its horizon exclude) at all: it stands, with the formulation's bound where
         # it has one, and a warning where HiGHS had accepted it as a solution of the ILP it calls infeasible.
         schedule, replay = min(fallbacks, key=lambda pair: pair[1].time)
+        if any(schedule is other for other, _ in chained):
+            solution = _solution(schedule, replay, budget, formulation, "heuristic", replay.time, 0.0, began)
+            return dataclasses.replace(solution, note=_chain_note(result.status, formulation.name))
         warnings = []
         if result.status == "infeasible" and result.warm == "accepted":
             warnings.append("HiGHS contradicted itself: it called the ILP infeasible after accepting the starting "
@@ -542,6 +583,10 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     if not np.isfinite(fastest):
         raise SolverFailedError("; ".join(warnings) + ", and no other schedule at hand fits")
     note = ""
+    if replaced and any(schedule is other for other, _ in chained):
+        solution = _solution(schedule, replay, budget, formulation, "heuristic", replay.time, 0.0, began)
+        return dataclasses.replace(solution, note=_chain_note(result.status, formulation.name),
+                                   warnings=tuple(warnings))
     if outside and replaced and not warnings:
         note = (f"this is the starting schedule: it reruns ops further ahead of their use than the horizon of "
                 f"{formulation.stages.horizon} stages allows, so it lies outside the ILP posed; the bound holds for "
@@ -668,6 +713,14 @@ def _heuristic_note(status: str, time_limit: float, highs_seconds: float, gap: f
             f"best. What would help: {helps}")
 
 
+def _chain_note(status: str, formulation: str) -> str:
+    """What a result that is one of the chain's schedules (solver/chain.py) is, for people."""
+    found = "found none" if status != "infeasible" else "admits none"
+    return (f"this is a checkpointing schedule of the model's repeated blocks (per-block checkpointing, or Chen's "
+            f"segments of blocks): the {formulation} formulation's search {found} as fast ({status}), and its bound "
+            "holds for its own schedules only, so none is claimed")
+
+
 def _no_schedule_message(budget: int, unconstrained: int, time_limit: float, least: LeastPeak | None) -> str:
     """Why no schedule came back within `budget`, and what would work."""
 
@@ -729,6 +782,10 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
     began, progress, time_limit = time.perf_counter(), progress or _quiet, settings.time_limit
     unconstrained = simulate(problem, keep_all(problem)) if unconstrained is None else unconstrained
     kind, posed, fixed = _pose(problem, settings)
+    chain = _chained(problem, None, settings, progress) if target is None else Chained()
+    chained = [(replay.peak, schedule) for schedule, replay in chain.schedules[:1]]
+    if chain.deep:  # the flat ILP's search reaches no lower on a deep chain, nor within its time limit
+        return LeastPeak(chained[0][0], 0, chained[0][1], None, chained[0][0])
     alone = None
     if target is None and kind == "compact" and len(fixed) < len(problem.choices):
         # Checkpointing alone first, on a third of the time, as solve does: the joint search starts from
@@ -796,9 +853,12 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
     if result.values is not None:
         found.append((formulation.memory.least_budget(result.values[formulation.memory.peak]),
                       _unpose(formulation.schedule(result.values), posed, problem, fixed)))
-    if not found:
+    if not found + chained:
         raise SolverFailedError(f"HiGHS found no schedule at any budget within {time_limit:g} s ({result.status})")
-    least, schedule = min(found, key=lambda pair: pair[0])
+    least, schedule = min(found + chained, key=lambda pair: pair[0])
     bound = formulation.memory.least_budget(result.bound) if np.isfinite(result.bound) else 0
-    return LeastPeak(least, least if result.status == "optimal" else min(least, bound), schedule,
-                     horizon if kind == "compact" else None, sure)
+    bound = least if result.status == "optimal" else min(least, bound)
+    if not found or least < min(peak for peak, _ in found):
+        bound = 0  # the chain's schedule lies outside the formulation: its bound says nothing of it
+    sure = min((peak for peak in [sure, *(peak for peak, _ in chained)] if peak is not None), default=None)
+    return LeastPeak(least, bound, schedule, horizon if kind == "compact" else None, sure)

@@ -19,13 +19,12 @@ class _Builder:
         return len(self.tensors) - 1
 
     def op(self, name, phase, inputs, outputs, time=1.0, workspace=0, recomputable=True, *, runs=True,
-           choice=None, others=()) -> int:
-        """outputs: list of (name, bytes, role)."""
+           choice=None, others=(), target=None) -> int:
+        """outputs: list of (name, bytes, role); `target` names the operator (default: the op's name)."""
         op_id = len(self.ops)
         outs = tuple(self.tensor(n, b, r, op_id) for n, b, r in outputs)
-        self.ops.append(Op(op_id, name, f"test.{name}", phase, outs, Impl(tuple(inputs), time, workspace, runs,
-                                                                          recomputable=recomputable),
-                           choice, tuple(others)))
+        impl = Impl(tuple(inputs), time, workspace, runs, recomputable=recomputable)
+        self.ops.append(Op(op_id, name, f"test.{target or name}", phase, outs, impl, choice, tuple(others)))
         return op_id
 
     def problem(self) -> Problem:
@@ -141,6 +140,43 @@ def norm_chain(n: int, size: int = 100) -> Problem:
     for i in reversed(range(n)):
         op = b.op(f"norm_b{i}", "backward", [grad, acts[i], stats[i]], [(f"g{i}", size, "temp" if i else "grad")])
         grad = b.ops[op].outputs[0]
+    return b.problem()
+
+
+def block_chain(n: int, size: int = 100) -> Problem:
+    """n identical residual blocks between a head and a tail, as in a transformer: the head makes h0 and
+    a small side tensor s (rotary tables) that every block reads; block i makes u_i = up(h_i, s) and
+    v_i = act(u_i) (each 4 x size), d_i = down(v_i) and h_{i+1} = h_i + d_i; the tail makes logits
+    (8 x size) and the loss. The backward mirrors it, last block first."""
+    b = _Builder()
+    x, w = b.tensor("x", size, "input"), b.tensor("w", 0, "param")
+    h, s = b.ops[b.op("embed", "forward", [x, w], [("h0", size, "activation"), ("s", size // 10, "activation")],
+                      1.0)].outputs
+    hs, us, vs = [h], [], []
+    for i in range(n):
+        us.append(b.ops[b.op(f"up{i}", "forward", [hs[-1], s, w], [(f"u{i}", 4 * size, "activation")], 4.0,
+                             target="up")].outputs[0])
+        vs.append(b.ops[b.op(f"act{i}", "forward", [us[-1]], [(f"v{i}", 4 * size, "activation")], 0.5,
+                             target="act")].outputs[0])
+        d = b.ops[b.op(f"down{i}", "forward", [vs[-1], w], [(f"d{i}", size, "activation")], 4.0,
+                       target="down")].outputs[0]
+        hs.append(b.ops[b.op(f"add{i}", "forward", [hs[-1], d], [(f"h{i + 1}", size, "activation")], 0.1,
+                             target="add")].outputs[0])
+    z = b.ops[b.op("logits", "forward", [hs[-1], w], [("z", 8 * size, "activation")], 2.0)].outputs[0]
+    b.op("loss", "forward", [z], [("loss", 1, "output")], 1.0)
+    grad = b.tensor("dloss", 1, "tangent")
+    gz = b.ops[b.op("loss_b", "backward", [grad, z], [("gz", 8 * size, "temp")], 1.0)].outputs[0]
+    grad = b.ops[b.op("logits_b", "backward", [gz, hs[-1], w], [("gh", size, "temp")], 2.0)].outputs[0]
+    for i in reversed(range(n)):
+        gv = b.ops[b.op(f"down_b{i}", "backward", [grad, vs[i], w], [(f"gv{i}", 4 * size, "temp")], 4.0,
+                        target="down_b")].outputs[0]
+        gu = b.ops[b.op(f"act_b{i}", "backward", [gv, us[i]], [(f"gu{i}", 4 * size, "temp")], 0.5,
+                        target="act_b")].outputs[0]
+        gin = b.ops[b.op(f"up_b{i}", "backward", [gu, hs[i], s, w], [(f"gin{i}", size, "temp")], 4.0,
+                         target="up_b")].outputs[0]
+        grad = b.ops[b.op(f"res_b{i}", "backward", [grad, gin], [(f"gh{i}", size, "temp")], 0.1,
+                          target="res_b")].outputs[0]
+    b.op("embed_b", "backward", [grad, x], [("gw", 0, "grad")], 1.0)
     return b.problem()
 
 
