@@ -181,7 +181,8 @@ def _costs(problem: Problem, chain: Chain, parts: _Parts) -> _Costs:
     ops = problem.forward_ops
     saved = keep_all_saved(problem)
     n = len(chain)
-    forward = sum(op.pytorch.recompute_time for first, stop in chain.blocks for op in ops[first:stop] if op.recomputable) / n
+    forward = sum(op.pytorch.recompute_time for first, stop in chain.blocks for op in ops[first:stop]
+                  if op.recomputable) / n
     passed = sum(problem.tensors[t].bytes for out in parts.passed for t in out) // n
     kept = sum(problem.tensors[t].bytes for inner in parts.inner for t in inner if t in saved) // n
     made = {t for inner, out in zip(parts.inner, parts.passed) for t in inner | out}
