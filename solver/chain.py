@@ -17,6 +17,7 @@ pose a rebuilt block's tensors living through the block's whole backward.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from .heuristics import overwritten, recompute_at_first_need
 from .problem import Problem
-from .schedule import DROPPABLE_ROLES, Schedule
+from .schedule import DROPPABLE_ROLES, Schedule, ScheduleError
 from .simulate import Replay, simulate
 from .stages import last_forward_readers
 
@@ -356,25 +357,15 @@ def rotor_schedules(problem: Problem, chain: Chain, checkpointed: Schedule, repl
     return [rotor_schedule(problem, chain, starts, rotor.plan(int(m))) for m in levels]
 
 
-DEEP_BLOCKS = 8  # blocks from which a chain counts as deep: its schedules stand without the flat ILP below
-
-
 @dataclass(frozen=True)
 class Chained:
     """The chain's schedules of a problem (`schedules`: the frontier of peak and step time, by rising
-    peak, each with its replay), the number of blocks of its longest chain (0: none), and the peak of
-    per-block checkpointing (None without a chain)."""
+    peak, each with its replay), the number of blocks of its longest chain (0: none), and per-block
+    checkpointing with its replay (None without a chain)."""
 
     schedules: tuple[tuple[Schedule, Replay], ...] = ()
     blocks: int = 0
-    checkpointed: int | None = None
-
-    @property
-    def deep(self) -> bool:
-        """Whether the chain is long enough for its schedules to stand without the flat ILP up to per-block
-        checkpointing's peak: there the ILP's horizon cannot pose a rebuilt block's tensors, living
-        through the block's whole backward (a 16-layer Llama: least 24.6 MiB flat, 11.2 MiB here)."""
-        return self.blocks >= DEEP_BLOCKS
+    checkpointed: tuple[Schedule, Replay] | None = None
 
     def within(self, budget: int) -> list[tuple[Schedule, Replay]]:
         return [pair for pair in self.schedules if pair[1].peak <= budget]
@@ -398,10 +389,14 @@ def chain_schedules(problem: Problem, budget: int | None = None,
             return schedule, simulate(problem, schedule)
 
         schedule = per_block(plain, chain)
-        found += [replayed(rotor) for rotor in rotor_schedules(plain, chain, schedule, simulate(plain, schedule))]
+        for rotor in rotor_schedules(plain, chain, schedule, simulate(plain, schedule)):
+            with contextlib.suppress(ScheduleError):  # a rerun reads a copy an op outside the blocks overwrote
+                found.append(replayed(rotor))
         found.append(replayed(schedule))
         peak = found[-1][1].peak
-        blocks, checkpointed = max(blocks, len(chain)), min(peak, checkpointed or peak)
+        if checkpointed is None or peak < checkpointed[1].peak:
+            checkpointed = found[-1]
+        blocks = max(blocks, len(chain))
         for length in range(2, int(2 * len(chain) ** 0.5) + 1):
             found.append(replayed(segments(plain, chain, length)))
         order = ranked(plain, chain)

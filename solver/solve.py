@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .beside import Beside
-from .chain import Chained, chain_schedules
+from .chain import Chained, chain_schedules, find_chain
 from .compact import Compact
 from .formulation import Formulation
 from .general import General
@@ -199,6 +199,10 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     formulation, or at `time_limit` seconds with the best schedule found and its proven gap (HiGHS
     can overrun it on the largest problems: README). Same input, same seed: same schedule, unless
     the time limit cuts the search.
+    On a model whose forward repeats a block (solver/chain.py), the chain's schedules (per-block, selective and
+    Chen's checkpointing, Rotor's) stand where the search finds nothing faster; where no rerun horizon of the
+    settings poses per-block checkpointing, at and below its peak they are returned without the ILP
+    (formulation "chain", _beyond_horizon).
     When the search finds no schedule in time but a heuristic one fits, that one is returned
     (status "heuristic", with a `note` on what would help). The simulator judges HiGHS's answer:
     where they disagree (HiGHS calls the ILP infeasible after accepting a start that is a solution
@@ -224,7 +228,8 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     searching = settings.but(time_limit=settings.time_limit * (1 - settings.polish))
     workers = settings.workers - 1
     chained = _chained(problem, budget, settings, progress)
-    if chained.deep and budget <= chained.checkpointed and chained.within(budget):
+    beyond = _beyond_horizon(problem, settings, chained)
+    if beyond and budget <= chained.checkpointed[1].peak and chained.within(budget):
         solution = _chain_solution(chained, budget, began)
         given = simulate(problem, start) if start is not None else None
         if given is None or given.peak > budget or given.time >= solution.replay.time:
@@ -250,18 +255,36 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
 def _chained(problem: Problem, budget: int | None, settings: SolveSettings, progress: Progress) -> Chained:
     """The schedules of the problem's chain of repeated blocks (solver/chain.py), with ops run as the
     heuristics run them (_option_sets)."""
+    if find_chain(problem) is None:
+        return Chained()
     progress("checkpointing the repeated blocks", 0, None, "")
-    _, posed, _ = _pose(problem, settings)
+    _, posed, _ = _pose(problem, settings.but(formulation="compact"))
     return chain_schedules(problem, budget, _option_sets(posed, settings))
 
 
+def _beyond_horizon(problem: Problem, settings: SolveSettings, chained: Chained) -> bool:
+    """Whether the problem is a chain of blocks whose per-block checkpointing no rerun horizon of `settings`
+    poses ("auto": auto_horizon's): a rebuilt block's tensors live through the block's whole backward, so
+    at and below per-block checkpointing's peak the formulations find little or nothing (a 16-layer Llama:
+    least 24.6 MiB with reruns at most 10 stages ahead, 11.2 MiB on the chain) in more than their time
+    limit (finding a heuristic start alone took 25 s at 32 layers). There the chain's schedules stand alone."""
+    if chained.checkpointed is None:
+        return False
+    horizons = settings.horizon if isinstance(settings.horizon, (list, tuple)) else [settings.horizon]
+    for horizon in horizons:
+        horizon = auto_horizon(problem) if horizon == "auto" else horizon
+        if horizon is None or Stages(problem, horizon).admits(chained.checkpointed[0]):
+            return False
+    return True
+
+
 def _chain_solution(chained: Chained, budget: int, began: float) -> Solution:
-    """The fastest of a deep chain's schedules within `budget`, at or below per-block checkpointing's peak:
-    the flat ILP's horizon poses no schedule there that rebuilds a block, so it is not run."""
+    """The fastest of the chain's schedules within `budget`, where _beyond_horizon: the flat ILP is not run."""
     schedule, replay = min(chained.within(budget), key=lambda pair: pair[1].time)
     note = (f"a checkpointing schedule of the model's {chained.blocks} repeated blocks (per-block checkpointing, "
-            "Chen's segments or Rotor's dynamic programme over the chain; solver/chain.py): at or below per-block "
-            "checkpointing's peak the flat ILP is not run on a deep chain, so no bound is claimed")
+            "Chen's segments, selective checkpointing or Rotor's dynamic programme over the chain; solver/chain.py): "
+            "at or below per-block checkpointing's peak the ILP is not run where its rerun horizon cannot pose "
+            "per-block checkpointing, so no bound is claimed")
     return Solution(schedule, replay, budget, "chain", "heuristic", replay.time, 0.0, 1.0 if replay.time > 0 else 0.0,
                     time.perf_counter() - began, None, note)
 
@@ -360,7 +383,7 @@ def _rung_text(formulation: str, horizon: int | None | str, settings: SolveSetti
 
 def _ladder(problem: Problem, budget: int, settings: SolveSettings, start: Schedule | None, progress: Progress,
             baseline: tuple[Schedule, Replay], beside: Beside | None,
-            chained: list[tuple[Schedule, Replay]]) -> Solution:
+            chained: list[tuple[Schedule, Replay]] = ()) -> Solution:
     """`solve` at each rung of the ladder (see _rungs) in turn, each on an equal share of the time left and
     started from the best schedule so far (a neighbourhood search's beside it where that is faster; until one
     fits, the least-peak search's schedule of least peak), each stopped where it stalls (STALL_SHARE; the
@@ -577,7 +600,9 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
     others = [(baseline, baseline_replay)] + fallbacks
     replaced = False
     for other, other_replay in others:
-        if other_replay.peak <= budget and other_replay.time <= fastest:
+        chain = any(other is mine for mine, _ in chained)  # stands only where faster: it gives up the bound
+        if other_replay.peak <= budget and (other_replay.time < fastest
+                                            or (other_replay.time == fastest and not chain)):
             schedule, replay, objective, fastest, replaced = (other, other_replay, other_replay.time,
                                                               other_replay.time, True)
     if not np.isfinite(fastest):
@@ -777,14 +802,16 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
     put within it: the rows can overcount, and the simulator judges). `unconstrained`,
     the replay of keep_all(problem) where the caller has it, spares simulating it again. `start`, a
     schedule found before (a lower peak than the heuristics reach, say), is where the search starts
-    when its peak is the lowest at hand and the formulation poses it."""
+    when its peak is the lowest at hand and the formulation poses it. The least peak of the model's chain of
+    blocks (solver/chain.py) stands where it is lower, with no bound; where no rerun horizon of the settings
+    poses per-block checkpointing, it is returned without the search."""
     settings = settings_of(settings, **changes)
     began, progress, time_limit = time.perf_counter(), progress or _quiet, settings.time_limit
     unconstrained = simulate(problem, keep_all(problem)) if unconstrained is None else unconstrained
     kind, posed, fixed = _pose(problem, settings)
     chain = _chained(problem, None, settings, progress) if target is None else Chained()
     chained = [(replay.peak, schedule) for schedule, replay in chain.schedules[:1]]
-    if chain.deep:  # the flat ILP's search reaches no lower on a deep chain, nor within its time limit
+    if _beyond_horizon(problem, settings, chain):  # the formulations' search reaches no lower, nor in time
         return LeastPeak(chained[0][0], 0, chained[0][1], None, chained[0][0])
     alone = None
     if target is None and kind == "compact" and len(fixed) < len(problem.choices):
