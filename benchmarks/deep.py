@@ -15,8 +15,8 @@ steps taken in rounds):
   `activation_memory_budget`, each in a process of its own beside an eager copy (the budget is not
   among Dynamo's guards: compiled in one process, later budgets reuse the first one's graphs).
 
-Writes MODEL.md and MODEL.png per model and README.md (every table, the machine, the command and the
-commit) to `-o`.
+Writes MODEL.md (its table, with the date, commit, machine and command that made it) and MODEL.png per
+model to `-o`, and README.md there: every model table in that folder.
 
     python -m benchmarks.deep                                  # every model; hours on two CPU cores
     python -m benchmarks.deep llama-8 llama-16 --compile
@@ -48,7 +48,7 @@ from monet.training import compare_training
 
 HIDDEN, HEADS, KV_HEADS, VOCAB, SHAPE = 64, 4, 2, 1000, (2, 256)
 CONFIGS = {**{f"llama-{n}": ("llama", n) for n in (8, 16, 32, 80)},
-           **{f"gpt2-{n}": ("gpt2", n) for n in (8, 16, 32, 80)}, "bert-24": ("bert", 24), "t5-24": ("t5", 24)}
+           **{f"gpt2-{n}": ("gpt2", n) for n in (8, 16, 24, 32, 80)}, "bert-24": ("bert", 24), "t5-24": ("t5", 24)}
 BUDGETS = ("50%", "33%", "20%", "least")
 COMPILE_BUDGETS = (0.3, 0.5, 0.7)
 
@@ -171,15 +171,16 @@ def _mib(n: int | None) -> str:
     return "" if n is None else f"{n / 2**20:.2f}"
 
 
-def write(config: str, rows: list[Row], extra: dict, out: Path) -> str:
-    """MODEL.md and MODEL.png; returns the markdown table."""
+def write(config: str, rows: list[Row], extra: dict, out: Path, made: str) -> None:
+    """MODEL.md (`made`: when, where and how) and MODEL.png."""
     info, compiled = extra["info"], extra["compiled"]
     eager = next(r for r in rows if r.name == "eager")
     held = info["held"]
     lines = [f"### {config}", "",
              f"{info['ops']} ops, {info['blocks']} repeated blocks found; traced and profiled in "
              f"{info['traced']:.1f} s. "
-             f"Parameters, gradients and buffers: {held / 2**20:.2f} MiB (activation memory: the peak above them).", "",
+             f"Parameters, gradients and buffers: {held / 2**20:.2f} MiB (activation memory: the peak above them). "
+             f"{made}", "",
              "| run | measured peak MiB | activation MiB | predicted MiB | step s | vs eager | solve s | how |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -196,10 +197,8 @@ def write(config: str, rows: list[Row], extra: dict, out: Path) -> str:
         lines.append(f"| torch.compile@{budget} | {_mib(c['peak'])} | {_mib(c['peak'] - held)} | | "
                      f"{c['seconds']:.4f} | {c['seconds'] / e['seconds']:.2f} | | own process, beside eager "
                      f"({_mib(e['peak'])} MiB) |")
-    table = "\n".join(lines) + "\n"
-    write_atomic(out / f"{config}.md", table)
+    write_atomic(out / f"{config}.md", "\n".join(lines) + "\n")
     _plot(config, rows, compiled, out / f"{config}.png")
-    return table
 
 
 def _plot(config: str, rows: list[Row], compiled: dict, path: Path) -> None:
@@ -247,20 +246,26 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown configs {unknown}: choose from {', '.join(CONFIGS)}")
     torch.set_num_threads(1)
-    tables = []
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    command = " ".join(argv if argv is not None else sys.argv[1:])
     for config in args.configs:
         rows, extra = run(config, args.time_limit, args.cost_model, args.compile, lambda text: print(text, flush=True))
-        tables.append(write(config, rows, extra, args.out))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    header = (f"# Deep models\n\nMade {datetime.date.today()} at commit {commit} on {machine('cpu')}, one thread, "
-              "by\n\n"
-              f"    python -m benchmarks.deep {' '.join(argv if argv is not None else sys.argv[1:])}\n\n"
-              f"Batch {SHAPE[0]}, {SHAPE[1]} tokens, hidden {HIDDEN}, vocabulary {VOCAB}; cost model "
-              f"{args.cost_model}, "
-              f"time limit {args.time_limit:g} s per solve. Measured peaks and step times side by side in one process "
-              "(torch.compile's each in its own, beside eager); `activation` is the peak above parameters, gradients "
-              "and buffers.\n\n")
-    write_atomic(args.out / "README.md", header + "\n".join(tables))
+        made = (f"Made {datetime.date.today()} at commit {commit} on {machine('cpu')}, one thread, by "
+                f"`python -m benchmarks.deep {command}` (cost model {args.cost_model}, time limit "
+                f"{args.time_limit:g} s per solve).")
+        write(config, rows, extra, args.out, made)
+        tables = [(args.out / f"{name}.md").read_text() for name in CONFIGS if (args.out / f"{name}.md").exists()]
+        write_atomic(args.out / "README.md", HEADER + "\n".join(tables))
+
+
+HEADER = f"""# Deep models
+
+`python -m benchmarks.deep` (benchmarks/deep.py): transformers built from configs, batch {SHAPE[0]}, {SHAPE[1]} tokens,
+hidden {HIDDEN}, vocabulary {VOCAB}, labels (the loss inside). Measured peaks and step times side by side in one
+process (torch.compile's each in its own, beside eager); `activation` is the peak above parameters, gradients
+and buffers; `predicted` is monet's simulator's. Each table says when, where and how it was made.
+
+"""
 
 
 if __name__ == "__main__":

@@ -229,6 +229,9 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     workers = settings.workers - 1
     chained = _chained(problem, budget, settings, progress)
     beyond = _beyond_horizon(problem, settings, chained)
+    if beyond and budget < chained.schedules[0][1].peak:
+        least = chained.schedules[0]
+        raise InfeasibleBudgetError(budget, LeastPeak(least[1].peak, 0, least[0], None, least[1].peak), "chain")
     if beyond and budget <= chained.checkpointed[1].peak and chained.within(budget):
         solution = _chain_solution(chained, budget, began)
         given = simulate(problem, start) if start is not None else None

@@ -14,7 +14,7 @@ from torch import nn
 
 from monet import MONeTWrapper
 from monet.api import solve_traced, trace_problem
-from monet.solver import keep_all, least_peak, simulate, solve
+from monet.solver import InfeasibleBudgetError, keep_all, least_peak, simulate, solve
 from monet.solver.chain import Rotor, chain_schedules, find_chain, frontier, per_block, ranked, segments
 from monet.training import compare_training
 
@@ -109,6 +109,9 @@ def test_where_no_horizon_poses_per_block_checkpointing_the_chain_stands_alone()
     assert at.formulation == "chain" and at.status == "heuristic" and at.bound == 0
     assert at.replay.peak <= checkpointed.peak and at.replay.time <= checkpointed.time
     assert solve(problem, least.found, time_limit=5, horizon=0).replay.peak <= least.found
+    with pytest.raises(InfeasibleBudgetError) as below:  # said at once, with the least peak found (not proven)
+        solve(problem, least.found - 1, time_limit=5, horizon=0)
+    assert below.value.least_peak == least.found and "least peak found" in str(below.value)
 
 
 def test_frontier_drops_dominated_schedules():
