@@ -76,7 +76,7 @@ class LM(nn.Module):
         else:
             self.model = tf.T5ForConditionalGeneration(tf.T5Config(
                 vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, d_ff=4 * HIDDEN, num_layers=layers,
-                num_decoder_layers=layers, num_heads=HEADS, use_cache=False))
+                num_decoder_layers=layers, num_heads=HEADS, decoder_start_token_id=0, pad_token_id=0, use_cache=False))
 
     def forward(self, ids):
         return self.model(input_ids=ids, labels=ids).loss

@@ -7,12 +7,15 @@ where the fewest bytes cross from one block to the next. Nothing about the model
 needed, so a problem file is enough; a block found wrongly costs only a worse candidate, never a
 wrong schedule, since every schedule made here is replayed by the simulator.
 
-On that chain, `chain_schedules` makes the schedules the simplest peers run, as monet schedules:
-per-block checkpointing (every block keeps only what it passes on and rebuilds the rest at its
-backward), the same with the last k blocks keeping everything (a frontier from it to keeping
-everything), and Chen's sqrt(n) segments (only every s-th block's output kept; a segment is rebuilt
-whole at its first need). They are the solver's floor on deep models, where the ILP's horizon cannot
-pose a rebuilt block's tensors living through the block's whole backward.
+On that chain, `chain_schedules` makes the schedules the peers run, as monet schedules: per-block
+checkpointing (every block keeps only what it passes on and rebuilds the rest at its backward);
+selective checkpointing (each block also keeps the tensors whose rerun saves the most time per byte),
+with the last k blocks keeping everything (a frontier from per-block checkpointing to keeping
+everything); Chen's sqrt(n) segments (only every s-th block's output kept; a segment is rebuilt whole
+at its first need); and Rotor's dynamic programme over the chain (`Rotor`: which block outputs to keep
+and which blocks to rerun how often, down to the least memory the chain runs in). They are the
+solver's floor on deep models, where the ILP's rerun horizon cannot pose a rebuilt block's tensors
+living through the block's whole backward.
 """
 
 from __future__ import annotations
@@ -81,7 +84,9 @@ def find_chain(problem: Problem, min_blocks: int = MIN_BLOCKS) -> Chain | None:
     for period in range(2, n // min_blocks + 1):
         same = np.concatenate(([False], codes[period:] == codes[:-period], [False]))
         edges = np.flatnonzero(np.diff(same.astype(np.int8)))
-        for begin, end in zip(edges[::2], edges[1::2]):  # codes[i] == codes[i + period] for begin <= i < end
+        begins, ends = edges[::2], edges[1::2]  # codes[i] == codes[i + period] for begin <= i < end
+        long = ends - begins + period >= min_blocks * period
+        for begin, end in zip(begins[long], ends[long]):
             covered = (end - begin + period) // period * period
             if covered // period >= min_blocks and (best is None or (covered, -period) > best[:2]):
                 best = (covered, -period, int(begin), int(end + period))

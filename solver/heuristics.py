@@ -142,6 +142,21 @@ def rerun_options(problem: Problem, *, allow_approximate: bool = False) -> dict[
         op.impl(j).recompute_time for op in ops if op.phase == "forward" and op.impl(j).runs))
 
 
+def rebuildable_options(problem: Problem, *, allow_approximate: bool = False) -> dict[str, str]:
+    """Per choice, the option under which its forward ops that cannot rerun make the fewest bytes (dropout
+    replayed from its generator state keeps the state alone), the leanest of them where several: a block
+    can be rebuilt whole only where every op in it may rerun."""
+    lean = lean_options(problem, allow_approximate=allow_approximate)
+
+    def key(ops: list, j: int) -> tuple[int, bool]:  # bytes made by forward ops that cannot rerun: always kept
+        stuck = sum(problem.out_bytes(op) for op in ops
+                    if op.phase == "forward" and op.impl(j).runs and not op.impl(j).recomputable)
+        choice = problem.choice_named[ops[0].choice] if ops else None
+        return stuck, choice is not None and choice.options[j] != lean[choice.name]
+
+    return _per_choice(problem, allow_approximate, key)
+
+
 def fastest_kernels(problem: Problem, *, allow_approximate: bool = False) -> dict[str, str]:
     """Per choice whose options differ only in time and workspace (convolution algorithms: what each
     run reads, keeps and overwrites is the same), its fastest option; none where no such fastest option
@@ -258,4 +273,4 @@ def warm_starts(problem: Problem, budget: int | None, option_sets: list[dict[str
 
 
 __all__ = ["Start", "best_first_need", "chen_candidates", "free_reruns", "lean_options", "overwritten",
-           "recompute_at_first_need", "rerun_options", "segment_cuts", "shave", "warm_starts"]
+           "rebuildable_options", "recompute_at_first_need", "rerun_options", "segment_cuts", "shave", "warm_starts"]

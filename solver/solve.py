@@ -14,7 +14,7 @@ from .chain import Chained, chain_schedules, find_chain
 from .compact import Compact
 from .formulation import Formulation
 from .general import General
-from .heuristics import Start, fastest_kernels, lean_options, rerun_options, warm_starts
+from .heuristics import Start, fastest_kernels, lean_options, rebuildable_options, rerun_options, warm_starts
 from .options import SolveSettings, settings_of
 from .polish import SECONDS, neighbourhood_search
 from .problem import Problem
@@ -261,8 +261,13 @@ def _chained(problem: Problem, budget: int | None, settings: SolveSettings, prog
     if find_chain(problem) is None:
         return Chained()
     progress("checkpointing the repeated blocks", 0, None, "")
-    _, posed, _ = _pose(problem, settings.but(formulation="compact"))
-    return chain_schedules(problem, budget, _option_sets(posed, settings))
+    _, posed, fixed = _pose(problem, settings.but(formulation="compact"))
+    sets = _option_sets(posed, settings)
+    if settings.implementations and posed.choices:
+        rebuildable = {**rebuildable_options(posed, allow_approximate=settings.allow_approximate), **fixed}
+        first = {choice.name: choice.options[0] for choice in posed.choices}
+        sets += [rebuildable] if all({**first, **rebuildable} != {**first, **other} for other in sets) else []
+    return chain_schedules(problem, budget, sets)
 
 
 def _beyond_horizon(problem: Problem, settings: SolveSettings, chained: Chained) -> bool:

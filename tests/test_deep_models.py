@@ -197,3 +197,29 @@ def test_a_16_layer_llama_at_per_block_checkpointings_measured_peak(llama):
     assert schedule.predicted.peak <= budget
     assert schedule.predicted.time <= blocks.time  # no slower than per-block checkpointing as monet runs it
     _trains_as_predicted(model, schedule, ids)
+
+
+class GPT2LM(nn.Module):
+    """GPT-2 with its dropout (0.1) and labels, the loss inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=256, n_embd=32, n_layer=8, n_head=4, n_positions=64, use_cache=False))
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, labels=ids).loss
+
+
+def test_an_8_layer_gpt2_with_dropout_rebuilds_its_blocks_by_replaying_dropout():
+    torch.manual_seed(0)
+    model = GPT2LM()
+    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(1))
+    problem = trace_problem(model, ids, cost_model="analytic")
+    schedule = solve_traced(problem, "least", "GPT2LM", time_limit=10)
+    assert schedule.solver.formulation == "chain"
+    replayed = [c for c, option in schedule.schedule.options.items() if option == "replay"]
+    assert len(replayed) >= 8  # the blocks' dropout masks replayed from their generator state: blocks rebuild whole
+    blocks = chain_schedules(problem).checkpointed[1]
+    assert schedule.predicted.peak <= blocks.peak < 0.5 * simulate(problem, keep_all(problem)).peak
+    _trains_as_predicted(model, schedule, ids)  # the same dropout masks as eager's: the same gradients
