@@ -8,9 +8,11 @@ one process (monet.training.compare_training: one peak-measured step each, then 
 steps taken in rounds):
 
 - `eager`: plain PyTorch; `per-block`: transformers' `gradient_checkpointing_enable()`;
-- `chen-sqrt`: Chen's sqrt(n) on the blocks monet finds (solver/chain.py `segments`), run by monet;
+- `chen-sqrt`: Chen's sqrt(n) on the blocks monet finds (solver/chain.py `segments`, dropout replayed),
+  run by monet;
 - `monet@50%`, `@33%`, `@20%`, `@least`: `monet.solve` at those shares of the unconstrained peak
-  (solve seconds timed), run by MONeTWrapper;
+  (solve seconds timed), and `monet@per-block` at per-block checkpointing's measured peak, run by
+  MONeTWrapper;
 - with `--compile`, `torch.compile@0.3`, `@0.5`, `@0.7`: torch.compile with that
   `activation_memory_budget`, each in a process of its own beside an eager copy (the budget is not
   among Dynamo's guards: compiled in one process, later budgets reuse the first one's graphs).
@@ -44,6 +46,7 @@ from monet.api import solve_traced, trace_problem
 from monet.schedules import ScheduleFile, write_atomic
 from monet.solver import SolverRecord, keep_all, simulate
 from monet.solver.chain import find_chain, segments
+from monet.solver.heuristics import rebuildable_options
 from monet.training import compare_training
 
 HIDDEN, HEADS, KV_HEADS, VOCAB, SHAPE = 64, 4, 2, 1000, (2, 256)
@@ -126,16 +129,19 @@ def run(config: str, time_limit: float, cost_model: str, compile_budgets: bool, 
     runs: dict[str, nn.Module] = {"eager": copy.deepcopy(model), "per-block": model.checkpointed()}
     rows = {name: Row(name) for name in runs}
     rows["eager"].predicted = unconstrained.peak
-    chain = find_chain(problem)
+    options = rebuildable_options(problem)  # dropout replayed: blocks rebuild whole
+    plain = problem.resolve(options)
+    chain = find_chain(plain)
     if chain is not None:
-        schedule = segments(problem, chain, max(1, round(math.sqrt(len(chain)))))
+        schedule = segments(plain, chain, max(1, round(math.sqrt(len(chain))))).remap(plain, problem, options)
         replay = simulate(problem, schedule)
         file = ScheduleFile.of(problem, schedule, config, budget=replay.peak, replay=replay,
                                solver=SolverRecord("chen-sqrt", "heuristic"), unconstrained=unconstrained)
         runs["chen-sqrt"] = MONeTWrapper(copy.deepcopy(model), file, ids)
         rows["chen-sqrt"] = Row("chen-sqrt", predicted=replay.peak)
-    for budget in BUDGETS:
-        name = f"monet@{budget}"
+    checkpointed = compare_training({"per-block": runs["per-block"]}, ids, lambda out: out, steps=1)["per-block"].peak
+    for budget in (*BUDGETS, checkpointed):
+        name = f"monet@{budget}" if isinstance(budget, str) else "monet@per-block"
         began = time.perf_counter()
         try:
             file = solve_traced(problem, budget, config, time_limit=time_limit)

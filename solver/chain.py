@@ -74,11 +74,27 @@ def _crossing(problem: Problem) -> np.ndarray:
     return np.cumsum(diff)[: len(ops) + 1]
 
 
+def find_chains(problem: Problem, min_blocks: int = MIN_BLOCKS) -> list[Chain]:
+    """Every run of at least `min_blocks` repeated blocks in `problem`'s forward, longest first, none
+    overlapping another (an encoder's and a decoder's), by `find_chain` on what the runs before leave."""
+    codes = _signatures(problem)
+    crossing = _crossing(problem)
+    chains = []
+    while (chain := _longest(codes, crossing, min_blocks)) is not None:
+        chains.append(chain)
+        first, stop = chain.blocks[0][0], chain.blocks[-1][1]
+        codes[first:stop] = -1 - np.arange(first, stop)  # matches nothing any more
+    return chains
+
+
 def find_chain(problem: Problem, min_blocks: int = MIN_BLOCKS) -> Chain | None:
     """The longest run of at least `min_blocks` repeated blocks in `problem`'s forward (see the module's
     docstring), or None. Of runs that cover as many ops, the one of the shortest period; of its cuts,
     those where the fewest bytes cross."""
-    codes = _signatures(problem)
+    return _longest(_signatures(problem), _crossing(problem), min_blocks)
+
+
+def _longest(codes: np.ndarray, crossing: np.ndarray, min_blocks: int) -> Chain | None:
     n = len(codes)
     best = None  # (covered ops, -period, start of the periodic run, its end)
     for period in range(2, n // min_blocks + 1):
@@ -94,7 +110,6 @@ def find_chain(problem: Problem, min_blocks: int = MIN_BLOCKS) -> Chain | None:
         return None
     _, period, begin, end = best
     period = -period
-    crossing = _crossing(problem)
     choices = []
     for first in range(begin, begin + period):
         count = (end - first) // period
@@ -127,16 +142,12 @@ def _parts(problem: Problem, chain: Chain) -> _Parts:
     return _Parts(tuple(inner), tuple(passed))
 
 
-def per_block(problem: Problem, chain: Chain, keep_last: int = 0,
-              keep: Collection[tuple[int, int]] = ()) -> Schedule:
+def per_block(problem: Problem, chain: Chain, keep_last: int = 0, keep: Collection[int] = ()) -> Schedule:
     """Per-block checkpointing: every block but the last `keep_last` keeps only what it passes on and
-    `keep` ((op's offset in the block, output index): the same tensors of every block, see `ranked`),
-    and rebuilds the rest at its first need in its backward; the head, the tail and the last blocks
-    keep all."""
+    `keep` (tensors: see `selected`), and rebuilds the rest at its first need in its backward; the head,
+    the tail and the last blocks keep all."""
     parts = _parts(problem, chain)
-    ops = problem.forward_ops
-    kept = {ops[first + offset].outputs[index] for first, _ in chain.blocks for offset, index in keep}
-    dropped = set().union(*parts.inner[: len(chain) - keep_last]) - kept
+    dropped = set().union(*parts.inner[: len(chain) - keep_last]) - set(keep)
     return recompute_at_first_need(problem, dropped | overwritten(problem))
 
 
@@ -155,6 +166,17 @@ def ranked(problem: Problem, chain: Chain) -> list[tuple[int, int]]:
         return op.pytorch.recompute_time / max(1, problem.tensors[op.outputs[pair[1]]].bytes)
 
     return sorted(found, key=value, reverse=True)
+
+
+def selected(problem: Problem, chain: Chain, share: float) -> frozenset[int]:
+    """What selective checkpointing keeps of every block of `chain`: the first of `ranked`'s tensors that
+    hold `share` of those bytes in the first block, and the same tensors of the others."""
+    order = ranked(problem, chain)
+    ops = problem.forward_ops
+    start = chain.blocks[0][0]
+    sizes = np.cumsum([problem.tensors[ops[start + offset].outputs[index]].bytes for offset, index in order])
+    count = int(np.searchsorted(sizes, share * sizes[-1])) + 1 if order and share > 0 else 0
+    return frozenset(ops[first + offset].outputs[index] for first, _ in chain.blocks for offset, index in order[:count])
 
 
 SELECTIVE = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # shares of a block's saved bytes that selective
@@ -378,45 +400,42 @@ class Chained:
 
 def chain_schedules(problem: Problem, budget: int | None = None,
                     option_sets: list[dict[str, str]] = ({},)) -> Chained:
-    """The chain's schedules of `problem` (none where it has no chain of repeated blocks), with ops run
-    as each of `option_sets` says: per-block checkpointing, Chen's segments of 2 to 2 sqrt(n) blocks,
-    Rotor's schedules, and (with a `budget`) per-block checkpointing with the most blocks keeping
-    everything that fits it."""
+    """The chains' schedules of `problem` (none where it has no chain of repeated blocks), with ops run
+    as each of `option_sets` says, on all its chains at once (find_chains: an encoder's and a decoder's
+    blocks alike): per-block checkpointing; selective checkpointing, and (with a `budget`) with the most
+    blocks keeping everything that fits it; Chen's segments of 2 to 2 sqrt(n) blocks; and Rotor's
+    schedules on the longest chain (the other chains keeping everything)."""
     found, blocks, checkpointed = [], 0, None
     for options in option_sets:
         plain = problem.resolve(options)
-        chain = find_chain(plain)
-        if chain is None:
+        chains = find_chains(plain)
+        if not chains:
             continue
+        whole = Chain(tuple(sorted(block for chain in chains for block in chain.blocks)))
 
         def replayed(schedule: Schedule, plain=plain, options=options) -> tuple[Schedule, Replay]:
             schedule = schedule.remap(plain, problem, options)
             return schedule, simulate(problem, schedule)
 
-        schedule = per_block(plain, chain)
-        for rotor in rotor_schedules(plain, chain, schedule, simulate(plain, schedule)):
+        schedule = per_block(plain, chains[0])
+        for rotor in rotor_schedules(plain, chains[0], schedule, simulate(plain, schedule)):
             with contextlib.suppress(ScheduleError):  # a rerun reads a copy an op outside the blocks overwrote
                 found.append(replayed(rotor))
-        found.append(replayed(schedule))
-        peak = found[-1][1].peak
-        if checkpointed is None or peak < checkpointed[1].peak:
-            checkpointed = found[-1]
-        blocks = max(blocks, len(chain))
-        for length in range(2, int(2 * len(chain) ** 0.5) + 1):
-            found.append(replayed(segments(plain, chain, length)))
-        order = ranked(plain, chain)
-        sizes = np.cumsum([plain.tensors[plain.forward_ops[chain.blocks[0][0] + offset].outputs[index]].bytes
-                           for offset, index in order])
-        counts = sorted({int(np.searchsorted(sizes, share * sizes[-1])) + 1 for share in SELECTIVE}) if order else []
-        for keep in [()] + [order[:count] for count in counts]:
-            selective = replayed(per_block(plain, chain, 0, keep))
+        blocks = max(blocks, len(whole))
+        for length in range(2, int(2 * len(whole) ** 0.5) + 1):
+            found.append(replayed(segments(plain, whole, length)))
+        for share in (0.0, *SELECTIVE):
+            keep = frozenset().union(*(selected(plain, chain, share) for chain in chains))
+            selective = replayed(per_block(plain, whole, 0, keep))
             found.append(selective)
+            if share == 0 and (checkpointed is None or selective[1].peak < checkpointed[1].peak):
+                checkpointed = selective
             if budget is None or selective[1].peak > budget:
                 continue
-            low, high = 0, len(chain)  # the most blocks keeping everything within the budget: peaks grow with them
+            low, high = 0, len(whole)  # the most blocks keeping everything within the budget: peaks grow with them
             while low < high:
                 middle = (low + high + 1) // 2
-                candidate = replayed(per_block(plain, chain, middle, keep))
+                candidate = replayed(per_block(plain, whole, middle, keep))
                 if candidate[1].peak <= budget:
                     found.append(candidate)
                     low = middle

@@ -143,40 +143,92 @@ def norm_chain(n: int, size: int = 100) -> Problem:
     return b.problem()
 
 
+def _forward_block(b: _Builder, name: str, h: int, side: int, w: int, size: int) -> tuple[int, int, int]:
+    """One residual block's forward (up, act, down, add; named with `name`): its u, v and output."""
+    u = b.ops[b.op(f"up{name}", "forward", [h, side, w], [(f"u{name}", 4 * size, "activation")], 4.0,
+                   target="up")].outputs[0]
+    v = b.ops[b.op(f"act{name}", "forward", [u], [(f"v{name}", 4 * size, "activation")], 0.5,
+                   target="act")].outputs[0]
+    d = b.ops[b.op(f"down{name}", "forward", [v, w], [(f"d{name}", size, "activation")], 4.0,
+                   target="down")].outputs[0]
+    out = b.ops[b.op(f"add{name}", "forward", [h, d], [(f"out{name}", size, "activation")], 0.1,
+                     target="add")].outputs[0]
+    return u, v, out
+
+
+def _backward_block(b: _Builder, name: str, grad: int, u: int, v: int, h: int, side: int, w: int,
+                    size: int) -> int:
+    """The backward of a block made by _forward_block from `h`: the gradient of its input."""
+    gv = b.ops[b.op(f"down_b{name}", "backward", [grad, v, w], [(f"gv{name}", 4 * size, "temp")], 4.0,
+                    target="down_b")].outputs[0]
+    gu = b.ops[b.op(f"act_b{name}", "backward", [gv, u], [(f"gu{name}", 4 * size, "temp")], 0.5,
+                    target="act_b")].outputs[0]
+    gin = b.ops[b.op(f"up_b{name}", "backward", [gu, h, side, w], [(f"gin{name}", size, "temp")], 4.0,
+                     target="up_b")].outputs[0]
+    return b.ops[b.op(f"res_b{name}", "backward", [grad, gin], [(f"gh{name}", size, "temp")], 0.1,
+                      target="res_b")].outputs[0]
+
+
 def block_chain(n: int, size: int = 100) -> Problem:
     """n identical residual blocks between a head and a tail, as in a transformer: the head makes h0 and
-    a small side tensor s (rotary tables) that every block reads; block i makes u_i = up(h_i, s) and
-    v_i = act(u_i) (each 4 x size), d_i = down(v_i) and h_{i+1} = h_i + d_i; the tail makes logits
+    a small side tensor s (rotary tables) that every block reads; block i makes u_i = up(h, s) and
+    v_i = act(u_i) (each 4 x size), d_i = down(v_i) and out_i = h + d_i (h: h0 or out_{i-1}); the tail makes logits
     (8 x size) and the loss. The backward mirrors it, last block first."""
     b = _Builder()
     x, w = b.tensor("x", size, "input"), b.tensor("w", 0, "param")
     h, s = b.ops[b.op("embed", "forward", [x, w], [("h0", size, "activation"), ("s", size // 10, "activation")],
                       1.0)].outputs
-    hs, us, vs = [h], [], []
+    made = []
     for i in range(n):
-        us.append(b.ops[b.op(f"up{i}", "forward", [hs[-1], s, w], [(f"u{i}", 4 * size, "activation")], 4.0,
-                             target="up")].outputs[0])
-        vs.append(b.ops[b.op(f"act{i}", "forward", [us[-1]], [(f"v{i}", 4 * size, "activation")], 0.5,
-                             target="act")].outputs[0])
-        d = b.ops[b.op(f"down{i}", "forward", [vs[-1], w], [(f"d{i}", size, "activation")], 4.0,
-                       target="down")].outputs[0]
-        hs.append(b.ops[b.op(f"add{i}", "forward", [hs[-1], d], [(f"h{i + 1}", size, "activation")], 0.1,
-                             target="add")].outputs[0])
-    z = b.ops[b.op("logits", "forward", [hs[-1], w], [("z", 8 * size, "activation")], 2.0)].outputs[0]
+        made.append((h, *_forward_block(b, str(i), h, s, w, size)))
+        h = made[-1][-1]
+    z = b.ops[b.op("logits", "forward", [h, w], [("z", 8 * size, "activation")], 2.0)].outputs[0]
     b.op("loss", "forward", [z], [("loss", 1, "output")], 1.0)
     grad = b.tensor("dloss", 1, "tangent")
     gz = b.ops[b.op("loss_b", "backward", [grad, z], [("gz", 8 * size, "temp")], 1.0)].outputs[0]
-    grad = b.ops[b.op("logits_b", "backward", [gz, hs[-1], w], [("gh", size, "temp")], 2.0)].outputs[0]
+    grad = b.ops[b.op("logits_b", "backward", [gz, h, w], [("gh", size, "temp")], 2.0)].outputs[0]
     for i in reversed(range(n)):
-        gv = b.ops[b.op(f"down_b{i}", "backward", [grad, vs[i], w], [(f"gv{i}", 4 * size, "temp")], 4.0,
-                        target="down_b")].outputs[0]
-        gu = b.ops[b.op(f"act_b{i}", "backward", [gv, us[i]], [(f"gu{i}", 4 * size, "temp")], 0.5,
-                        target="act_b")].outputs[0]
-        gin = b.ops[b.op(f"up_b{i}", "backward", [gu, hs[i], s, w], [(f"gin{i}", size, "temp")], 4.0,
-                         target="up_b")].outputs[0]
-        grad = b.ops[b.op(f"res_b{i}", "backward", [grad, gin], [(f"gh{i}", size, "temp")], 0.1,
-                          target="res_b")].outputs[0]
+        into, u, v, _ = made[i]
+        grad = _backward_block(b, str(i), grad, u, v, into, s, w, size)
     b.op("embed_b", "backward", [grad, x], [("gw", 0, "grad")], 1.0)
+    return b.problem()
+
+
+def encoder_decoder(encoder: int, decoder: int, size: int = 100) -> Problem:
+    """An encoder of `encoder` block_chain blocks, then a decoder of `decoder` blocks that each first mix
+    in the encoder's output e (cross_i = cross(h_i, e)) and then run as an encoder block; the loss reads
+    the decoder's output. The backward mirrors it; e's gradient flows back into the encoder."""
+    b = _Builder()
+    x, w = b.tensor("x", size, "input"), b.tensor("w", 0, "param")
+    h, s = b.ops[b.op("embed", "forward", [x, w], [("e0", size, "activation"), ("s", size // 10, "activation")],
+                      1.0)].outputs
+    encoded = []
+    for i in range(encoder):
+        encoded.append((h, *_forward_block(b, f"e{i}", h, s, w, size)))
+        h = encoded[-1][-1]
+    e, h = h, b.ops[b.op("start", "forward", [x, w], [("d0", size, "activation")], 1.0)].outputs[0]
+    decoded = []
+    for i in range(decoder):
+        c = b.ops[b.op(f"cross{i}", "forward", [h, e, w], [(f"c{i}", 2 * size, "activation")], 2.0,
+                       target="cross")].outputs[0]
+        decoded.append((c, *_forward_block(b, f"d{i}", c, s, w, 2 * size)))
+        h = b.ops[b.op(f"proj{i}", "forward", [decoded[-1][-1], w], [(f"p{i}", size, "activation")], 1.0,
+                       target="proj")].outputs[0]
+    b.op("loss", "forward", [h], [("loss", 1, "output")], 1.0)
+    grad = b.ops[b.op("loss_b", "backward", [b.tensor("dloss", 1, "tangent"), h], [("gp", size, "temp")],
+                      1.0)].outputs[0]
+    for i in reversed(range(decoder)):
+        c, u, v, out = decoded[i]
+        gout = b.ops[b.op(f"proj_b{i}", "backward", [grad, out, w], [(f"go{i}", 2 * size, "temp")], 1.0,
+                          target="proj_b")].outputs[0]
+        gc = _backward_block(b, f"d{i}", gout, u, v, c, s, w, 2 * size)
+        grad = b.ops[b.op(f"cross_b{i}", "backward", [gc, e, w], [(f"gd{i}", size, "temp")], 2.0,
+                          target="cross_b")].outputs[0]
+    grad = e_grad = b.ops[b.op("e_grad", "backward", [grad], [("ge", size, "temp")], 0.1)].outputs[0]
+    for i in reversed(range(encoder)):
+        into, u, v, _ = encoded[i]
+        grad = _backward_block(b, f"e{i}", grad, u, v, into, s, w, size)
+    b.op("embed_b", "backward", [grad, x, e_grad], [("gw", 0, "grad")], 1.0)
     return b.problem()
 
 

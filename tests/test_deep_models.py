@@ -9,13 +9,23 @@ import time
 import pytest
 import torch
 from conftest import gradient_errors
-from synthetic import block_chain, random_dag
+from synthetic import block_chain, encoder_decoder, random_dag
 from torch import nn
 
 from monet import MONeTWrapper
 from monet.api import solve_traced, trace_problem
 from monet.solver import InfeasibleBudgetError, keep_all, least_peak, simulate, solve
-from monet.solver.chain import Rotor, chain_schedules, find_chain, frontier, per_block, ranked, segments
+from monet.solver.chain import (
+    Rotor,
+    chain_schedules,
+    find_chain,
+    find_chains,
+    frontier,
+    per_block,
+    ranked,
+    segments,
+    selected,
+)
 from monet.training import compare_training
 
 
@@ -30,12 +40,23 @@ def test_the_blocks_of_a_chain_are_found_where_fewest_bytes_cross():
     assert find_chain(block_chain(2)) is None  # too few blocks to be a chain
 
 
+def test_an_encoder_and_a_decoder_are_two_chains():
+    problem = encoder_decoder(6, 5)
+    chains = find_chains(problem)
+    ops = problem.forward_ops
+    assert [len(chain) for chain in chains] == [5, 6]  # the decoder's blocks cover more ops: it comes first
+    assert ops[chains[0].blocks[0][0]].name == "cross0" and ops[chains[1].blocks[0][0]].name == "upe0"
+    both = chain_schedules(problem).checkpointed[1]
+    first = simulate(problem, per_block(problem, chains[0])).peak
+    assert both.peak < first  # per-block checkpointing of both stacks, not of the longer alone
+
+
 def test_per_block_checkpointing_keeps_only_what_each_block_passes_on():
     problem = block_chain(8)
     chain = find_chain(problem)
     schedule = per_block(problem, chain)
     saved = {problem.tensors[t].name for t in schedule.saved}
-    assert saved == {"s", "z", *(f"h{i}" for i in range(9))}  # the head's, the tail's, the blocks' outputs
+    assert saved == {"s", "z", "h0", *(f"out{i}" for i in range(8))}  # the head's, the tail's, the blocks' outputs
     reruns = [problem.ops[i].name for i in schedule.recomputations(problem)]
     assert reruns.count("up3") == 1 and "add3" not in reruns  # each block rebuilt once, its output kept
     assert simulate(problem, schedule).peak < simulate(problem, keep_all(problem)).peak
@@ -64,7 +85,9 @@ def test_selective_checkpointing_keeps_what_saves_most_time_per_byte_first():
     order = [ops[chain.blocks[0][0] + offset].outputs[index] for offset, index in ranked(problem, chain)]
     # what the backward reads: u (up, 4 s per 400 bytes) before v (act, 0.5 s per 400 bytes); d it never reads
     assert [problem.tensors[t].name for t in order] == ["u0", "v0"]
-    schedule = per_block(problem, chain, keep=ranked(problem, chain)[:1])
+    keep = selected(problem, chain, 0.5)
+    assert {problem.tensors[t].name for t in keep} == {f"u{i}" for i in range(8)} and not selected(problem, chain, 0)
+    schedule = per_block(problem, chain, keep=keep)
     assert {f"u{i}" for i in range(8)} <= {problem.tensors[t].name for t in schedule.saved}
     assert simulate(problem, schedule).time < simulate(problem, per_block(problem, chain)).time
 
@@ -73,7 +96,7 @@ def test_chens_segments_keep_every_lengthth_output():
     problem = block_chain(8)
     chain = find_chain(problem)
     saved = {problem.tensors[t].name for t in segments(problem, chain, 3).saved}
-    assert {name for name in saved if name.startswith("h")} == {"h0", "h3", "h6", "h8"}
+    assert {name for name in saved if name.startswith(("h", "out"))} == {"h0", "out2", "out5", "out7"}
 
 
 def test_rotor_needs_more_memory_for_fewer_reruns():
