@@ -748,9 +748,10 @@ def _heuristic_note(status: str, time_limit: float, highs_seconds: float, gap: f
 
 def _chain_note(status: str, formulation: str) -> str:
     """What a result that is one of the chain's schedules (solver/chain.py) is, for people."""
-    found = "found none" if status != "infeasible" else "admits none"
-    return (f"this is a checkpointing schedule of the model's repeated blocks (per-block checkpointing, or Chen's "
-            f"segments of blocks): the {formulation} formulation's search {found} as fast ({status}), and its bound "
+    why = ("admits no faster schedule within its rerun horizon" if status == "infeasible"
+           else f"found no faster schedule ({status})")
+    return (f"this is a checkpointing schedule of the model's repeated blocks (per-block, selective or Chen's "
+            f"checkpointing, or Rotor's; solver/chain.py): the {formulation} formulation {why}, and its bound "
             "holds for its own schedules only, so none is claimed")
 
 
