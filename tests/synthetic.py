@@ -169,19 +169,27 @@ def _backward_block(b: _Builder, name: str, grad: int, u: int, v: int, h: int, s
                       target="res_b")].outputs[0]
 
 
+def _embedded_blocks(b: _Builder, n: int, first: str, prefix: str, size: int) -> tuple[int, int, int, list[tuple]]:
+    """x, w, the side tensor s and n _forward_blocks (named `prefix` and their number) after an embedding
+    that makes `first` (the first block's input) and s: per block (its input, u, v, output)."""
+    x, w = b.tensor("x", size, "input"), b.tensor("w", 0, "param")
+    h, s = b.ops[b.op("embed", "forward", [x, w], [(first, size, "activation"), ("s", size // 10, "activation")],
+                      1.0)].outputs
+    made = []
+    for i in range(n):
+        made.append((h, *_forward_block(b, f"{prefix}{i}", h, s, w, size)))
+        h = made[-1][-1]
+    return x, w, s, made
+
+
 def block_chain(n: int, size: int = 100) -> Problem:
     """n identical residual blocks between a head and a tail, as in a transformer: the head makes h0 and
     a small side tensor s (rotary tables) that every block reads; block i makes u_i = up(h, s) and
     v_i = act(u_i) (each 4 x size), d_i = down(v_i) and out_i = h + d_i (h: h0 or out_{i-1}); the tail makes logits
     (8 x size) and the loss. The backward mirrors it, last block first."""
     b = _Builder()
-    x, w = b.tensor("x", size, "input"), b.tensor("w", 0, "param")
-    h, s = b.ops[b.op("embed", "forward", [x, w], [("h0", size, "activation"), ("s", size // 10, "activation")],
-                      1.0)].outputs
-    made = []
-    for i in range(n):
-        made.append((h, *_forward_block(b, str(i), h, s, w, size)))
-        h = made[-1][-1]
+    x, w, s, made = _embedded_blocks(b, n, "h0", "", size)
+    h = made[-1][-1]
     z = b.ops[b.op("logits", "forward", [h, w], [("z", 8 * size, "activation")], 2.0)].outputs[0]
     b.op("loss", "forward", [z], [("loss", 1, "output")], 1.0)
     grad = b.tensor("dloss", 1, "tangent")
@@ -199,14 +207,8 @@ def encoder_decoder(encoder: int, decoder: int, size: int = 100) -> Problem:
     in the encoder's output e (cross_i = cross(h_i, e)) and then run as an encoder block; the loss reads
     the decoder's output. The backward mirrors it; e's gradient flows back into the encoder."""
     b = _Builder()
-    x, w = b.tensor("x", size, "input"), b.tensor("w", 0, "param")
-    h, s = b.ops[b.op("embed", "forward", [x, w], [("e0", size, "activation"), ("s", size // 10, "activation")],
-                      1.0)].outputs
-    encoded = []
-    for i in range(encoder):
-        encoded.append((h, *_forward_block(b, f"e{i}", h, s, w, size)))
-        h = encoded[-1][-1]
-    e, h = h, b.ops[b.op("start", "forward", [x, w], [("d0", size, "activation")], 1.0)].outputs[0]
+    x, w, s, encoded = _embedded_blocks(b, encoder, "e0", "e", size)
+    e, h = encoded[-1][-1], b.ops[b.op("start", "forward", [x, w], [("d0", size, "activation")], 1.0)].outputs[0]
     decoded = []
     for i in range(decoder):
         c = b.ops[b.op(f"cross{i}", "forward", [h, e, w], [(f"c{i}", 2 * size, "activation")], 2.0,
