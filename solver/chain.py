@@ -28,7 +28,7 @@ import numpy as np
 
 from .heuristics import overwritten, recompute_at_first_need
 from .problem import Problem
-from .schedule import DROPPABLE_ROLES, Schedule, ScheduleError
+from .schedule import DROPPABLE_ROLES, Schedule, ScheduleError, keep_all
 from .simulate import Replay, simulate
 from .stages import last_forward_readers
 
@@ -156,7 +156,7 @@ def ranked(problem: Problem, chain: Chain) -> list[tuple[int, int]]:
     the block, output index), those whose rerun saves the most time per byte kept first: what selective
     checkpointing keeps of each block."""
     parts = _parts(problem, chain)
-    saved = keep_all_saved(problem)
+    saved = keep_all(problem).saved
     first, stop = chain.blocks[0]
     found = [(offset, index) for offset, op in enumerate(problem.forward_ops[first:stop])
              for index, t in enumerate(op.outputs) if t in parts.inner[0] and t in saved]
@@ -207,7 +207,7 @@ class _Costs:
 
 def _costs(problem: Problem, chain: Chain, parts: _Parts) -> _Costs:
     ops = problem.forward_ops
-    saved = keep_all_saved(problem)
+    saved = keep_all(problem).saved
     n = len(chain)
     forward = sum(op.pytorch.recompute_time for first, stop in chain.blocks for op in ops[first:stop]
                   if op.recomputable) / n
@@ -216,12 +216,6 @@ def _costs(problem: Problem, chain: Chain, parts: _Parts) -> _Costs:
     made = {t for inner, out in zip(parts.inner, parts.passed) for t in inner | out}
     backward = sum(op.time for op in problem.backward_ops if any(t in made for t in op.inputs)) / n
     return _Costs(forward, backward, passed, kept)
-
-
-def keep_all_saved(problem: Problem) -> frozenset[int]:
-    """The forward tensors that the backward reads: what keeping everything saves."""
-    return frozenset(t for op in problem.backward_ops for t in op.inputs
-                     if problem.tensors[t].role in DROPPABLE_ROLES)
 
 
 LEVELS = 1500  # memory levels of the chain's dynamic programme
