@@ -86,8 +86,14 @@ def dropout_rerun(x: torch.Tensor, p: float, train: bool | None, state: torch.Te
 def dropout_backward_replay(grad: torch.Tensor, state: torch.Tensor, p: float, scale: float) -> torch.Tensor:
     """native_dropout_backward(grad, keep, scale) with the mask drawn again from the generator state
     the forward dropout started from: native_dropout's mask depends only on that state, the shape and
-    the dtype, so it is the same mask, and the generator is left as it was."""
+    the dtype, so it is the same mask, and the generator is left as it was. On CPU native_dropout draws
+    its mask as `empty(shape, dtype).bernoulli_(1 - p)`, so the mask is drawn that way and becomes the
+    result in place (bit for bit native_dropout_backward's, with no memory besides the result); CUDA's
+    fused kernel draws it its own way, so there native_dropout runs again on a dummy input."""
     with _generator_at(state, grad.device):
+        if grad.device.type == "cpu":
+            noise = torch.empty(grad.shape, dtype=grad.dtype).bernoulli_(1 - p)
+            return noise.mul_(grad).mul_(scale)
         _, keep = torch.ops.aten.native_dropout.default(torch.empty(grad.shape, dtype=grad.dtype,
                                                                     device=grad.device), p, True)
     return torch.ops.aten.native_dropout_backward.default(grad, keep, scale)

@@ -396,16 +396,17 @@ def chain_schedules(problem: Problem, budget: int | None = None,
                     option_sets: list[dict[str, str]] = ({},)) -> Chained:
     """The chains' schedules of `problem` (none where it has no chain of repeated blocks), with ops run
     as each of `option_sets` says, on all its chains at once (find_chains: an encoder's and a decoder's
-    blocks alike): per-block checkpointing; selective checkpointing, and (with a `budget`) with the most
-    blocks keeping everything that fits it; Chen's segments of 2 to 2 sqrt(n) blocks; and Rotor's
-    schedules on the longest chain (the other chains keeping everything)."""
+    blocks alike, and the ops before and between them as blocks of their own: `covering`): per-block
+    checkpointing; selective checkpointing, and (with a `budget`) with the most blocks keeping everything
+    that fits it; Chen's segments of 2 to 2 sqrt(n) blocks; and Rotor's schedules on the longest chain
+    (the other chains keeping everything)."""
     found, blocks, checkpointed = [], 0, None
     for options in option_sets:
         plain = problem.resolve(options)
         chains = find_chains(plain)
         if not chains:
             continue
-        whole = Chain(tuple(sorted(block for chain in chains for block in chain.blocks)))
+        whole = covering(chains)
 
         def replayed(schedule: Schedule, plain=plain, options=options) -> tuple[Schedule, Replay]:
             schedule = schedule.remap(plain, problem, options)
@@ -415,7 +416,7 @@ def chain_schedules(problem: Problem, budget: int | None = None,
         for rotor in rotor_schedules(plain, chains[0], schedule, simulate(plain, schedule)):
             with contextlib.suppress(ScheduleError):  # a rerun reads a copy an op outside the blocks overwrote
                 found.append(replayed(rotor))
-        blocks = max(blocks, len(whole))
+        blocks = max(blocks, sum(len(chain) for chain in chains))
         for length in range(2, int(2 * len(whole) ** 0.5) + 1):
             found.append(replayed(segments(plain, whole, length)))
         for share in (0.0, *SELECTIVE):
@@ -436,6 +437,16 @@ def chain_schedules(problem: Problem, budget: int | None = None,
                 else:
                     high = middle - 1
     return Chained(tuple(frontier(found)), blocks, checkpointed)
+
+
+def covering(chains: list[Chain]) -> Chain:
+    """The blocks of every chain, and as blocks of their own the runs of ops before and between them (the
+    embeddings; an encoder's or a decoder's first block, which differs from the rest: T5's makes the
+    position bias), so that per-block checkpointing rebuilds those too; the tail (head and loss, whose
+    backward comes first) keeps all."""
+    blocks = sorted(block for chain in chains for block in chain.blocks)
+    gaps = [(stop, first) for (_, stop), (first, _) in zip([(0, 0), *blocks], blocks) if first > stop]
+    return Chain(tuple(sorted(blocks + gaps)))
 
 
 def frontier(schedules: list[tuple[Schedule, Replay]]) -> list[tuple[Schedule, Replay]]:

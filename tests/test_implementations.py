@@ -246,3 +246,23 @@ def test_the_ilp_accepts_the_heuristic_start_where_dropout_outputs_go_unsaved():
     result = formulation.milp.solve(time_limit=10, warm=formulation.warm_start(start.dropped, start.options),
                                     target=float("inf"))
     assert result.warm == "accepted"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_replayed_dropout_backward_is_pytorchs_bit_for_bit_with_no_memory_besides_its_result(dtype):
+    """The replayed backward redraws native_dropout's mask from the saved generator state: the same
+    bits as native_dropout_backward on the mask the forward made (signed zeros included), and on CPU
+    nothing allocated but the result and a copy of the generator's state, so a rebuilt block's backward
+    holds no mask-sized workspace."""
+    from monet.graph.profile import measure_call
+
+    x, grad, p = torch.randn(2, 4, 64, 64, dtype=dtype), torch.randn(2, 4, 64, 64, dtype=dtype), 0.1
+    state = kernels.rng_state(x)
+    _, mask = torch.ops.aten.native_dropout.default(x, p, True)
+    expected = torch.ops.aten.native_dropout_backward.default(grad, mask, 1 / (1 - p))
+    before = torch.get_rng_state()
+    _, workspace, got = measure_call(lambda: kernels.dropout_backward_replay(grad, state, p, 1 / (1 - p)),
+                                     torch.device("cpu"))
+    assert torch.equal(got, expected) and torch.equal(got.signbit(), expected.signbit())
+    assert workspace <= state.numel() + 64  # the generator's state as it was, to put back
+    assert torch.equal(torch.get_rng_state(), before), "the generator is left as it was"
