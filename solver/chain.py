@@ -21,6 +21,7 @@ living through the block's whole backward.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -393,15 +394,18 @@ class Chained:
 
 
 def chain_schedules(problem: Problem, budget: int | None = None,
-                    option_sets: list[dict[str, str]] = ({},)) -> Chained:
+                    option_sets: list[dict[str, str]] = ({},), until: float | None = None) -> Chained:
     """The chains' schedules of `problem` (none where it has no chain of repeated blocks), with ops run
     as each of `option_sets` says, on all its chains at once (find_chains: an encoder's and a decoder's
     blocks alike, and the ops before and between them as blocks of their own: `covering`): per-block
     checkpointing; selective checkpointing, and (with a `budget`) with the most blocks keeping everything
     that fits it; Chen's segments of 2 to 2 sqrt(n) blocks; and Rotor's schedules on the longest chain
-    (the other chains keeping everything)."""
+    (the other chains keeping everything). Past time.perf_counter() `until`, the option sets after the
+    first are left out."""
     found, blocks, checkpointed = [], 0, None
-    for options in option_sets:
+    for index, options in enumerate(option_sets):
+        if index and until is not None and time.perf_counter() > until:
+            break
         plain = problem.resolve(options)
         chains = find_chains(plain)
         if not chains:

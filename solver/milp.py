@@ -103,6 +103,7 @@ class Milp:
         HiGHS has stopped yet (see `stopping`)."""
         import highspy  # loaded only when something is solved
 
+        start = time.perf_counter()  # the time limit counts from here: building HiGHS's model takes seconds too
         binary = np.array(self._binary, dtype=bool)
         lower, upper = np.array(self._lower), np.array(self._upper)
         for var_index, value in (fixed or {}).items():
@@ -125,7 +126,6 @@ class Milp:
         if binary.any() and not relax:
             lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
                                for b in binary]
-        start = time.perf_counter()
 
         def run(col_lower: np.ndarray, col_upper: np.ndarray, solution=None, target: float = -np.inf):
             """One HiGHS run within what is left of the time limit, from `solution` if given."""

@@ -136,7 +136,7 @@ class Op:
         impl = self.others[option - 1]
         return impl if impl.recomputable is not None else replace(impl, recomputable=self.recomputable)
 
-    @property
+    @cached_property
     def impls(self) -> tuple[Impl, ...]:
         return tuple(self.impl(j) for j in range(len(self.others) + 1))
 

@@ -29,6 +29,7 @@ HORIZONS = (None, 120, 80, 60, 40, 30, 20, 15, 10)
 START_SHARE = 0.1  # of a solve's time limit: lengthening the horizon for a heuristic start stops past it
 START_CAP = 0.25  # of a solve's time limit: the first search for a heuristic start stops past it (on a
 # 32-layer Llama it took 25 s, twice, of a 20 s limit)
+CHAIN_SHARE = 0.1  # of a solve's time limit: the chain's schedules past the first option set's stop past it
 STALL_SHARE = 1 / 6  # of a ladder rung's share: a rung that finds nothing better for so long stops (a third
 # left MONeT's UNet at 5 GB, 300 s, at 131,434 units; a sixth hands the time to a neighbourhood search sooner)
 STALL_GAP = 0.01  # of the step time: the ladder's last rung stops where it stalls only with its gap above this
@@ -225,9 +226,10 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     baseline = keep_all(problem, _fixed(problem, settings))
     baseline = (baseline, unconstrained if unconstrained is not None and not settings.options
                 else simulate(problem, baseline))
-    searching = settings.but(time_limit=settings.time_limit * (1 - settings.polish))
     workers = settings.workers - 1
-    chained = _chained(problem, budget, settings, progress)
+    chained = _chained(problem, budget, settings, progress, began + CHAIN_SHARE * settings.time_limit)
+    searching = settings.but(time_limit=max(1.0, settings.time_limit * (1 - settings.polish)
+                                            - (time.perf_counter() - began)))
     beyond = _beyond_horizon(problem, settings, chained)
     if beyond and budget < chained.schedules[0][1].peak:
         least = chained.schedules[0]
@@ -255,9 +257,11 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     return solution
 
 
-def _chained(problem: Problem, budget: int | None, settings: SolveSettings, progress: Progress) -> Chained:
-    """The schedules of the problem's chain of repeated blocks (solver/chain.py), with ops run as the
-    heuristics run them (_option_sets)."""
+def _chained(problem: Problem, budget: int | None, settings: SolveSettings, progress: Progress,
+             until: float | None = None) -> Chained:
+    """The schedules of the problem's chain of repeated blocks (solver/chain.py), with ops run so that
+    blocks rebuild whole (dropout replayed: rebuildable_options) and as the heuristics run them
+    (_option_sets); those past the first set only until time.perf_counter() `until`."""
     if find_chain(problem) is None:
         return Chained()
     progress("checkpointing the repeated blocks", 0, None, "")
@@ -266,8 +270,8 @@ def _chained(problem: Problem, budget: int | None, settings: SolveSettings, prog
     if settings.implementations and posed.choices:
         rebuildable = {**rebuildable_options(posed, allow_approximate=settings.allow_approximate), **fixed}
         first = {choice.name: choice.options[0] for choice in posed.choices}
-        sets += [rebuildable] if all({**first, **rebuildable} != {**first, **other} for other in sets) else []
-    return chain_schedules(problem, budget, sets)
+        sets = [rebuildable, *(other for other in sets if {**first, **rebuildable} != {**first, **other})]
+    return chain_schedules(problem, budget, sets, until)
 
 
 def _beyond_horizon(problem: Problem, settings: SolveSettings, chained: Chained) -> bool:

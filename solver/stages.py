@@ -94,10 +94,17 @@ class Stages:
     def existence(self, t: int) -> tuple[int, tuple[int, ...]] | None:
         """(producer op, options) when tensor `t` is made under some options only; None when always."""
         producer = self.problem.tensors[t].producer
-        if producer is None:
-            return None
-        runs = tuple(j for j, impl in enumerate(self.problem.ops[producer].impls) if impl.runs)
-        return None if len(runs) == len(self.problem.ops[producer].impls) else (producer, runs)
+        return None if producer is None else self._made_under.get(producer)
+
+    @cached_property
+    def _made_under(self) -> dict[int, tuple[int, tuple[int, ...]]]:
+        """op -> (op, the options under which it runs), for ops that run under some options only."""
+        out = {}
+        for op in self.problem.ops:
+            runs = tuple(j for j, impl in enumerate(op.impls) if impl.runs)
+            if len(runs) < len(op.impls):
+                out[op.id] = (op.id, runs)
+        return out
 
     @cached_property
     def reads(self) -> tuple[dict[int, int], dict[int, int]]:
@@ -170,8 +177,8 @@ class Stages:
             for t in produced:
                 tensor = p.tensors[t]
                 live = tensor.role in ("output", "state") or last_read.get(t, -1) >= op.id
-                if (live or t in tensor_win) and self.existence(t):
-                    producer, options = self.existence(t)
+                if (live or t in tensor_win) and (made := self.existence(t)):
+                    producer, options = made
                     by_option += [(producer, j, tensor.bytes) for j in options]
                 elif live:
                     fixed += tensor.bytes
