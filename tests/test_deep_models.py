@@ -1,7 +1,9 @@
 """Deep models by their structure (solver/chain.py): the repeated blocks found in the problem, the
 chain's schedules (per-block checkpointing, Chen's segments, selective checkpointing, Rotor's
-dynamic programme), and a 16-layer Llama from transformers' config solved at `least` and at
-per-block checkpointing's measured peak, trained with eager's gradients and the predicted peak."""
+dynamic programme), a 16-layer Llama from transformers' config solved at `least` and at per-block
+checkpointing's measured peak, trained with eager's gradients and the predicted peak, HiGHS's answers
+priced as the simulator replays them, and GPT-2, BERT and T5 at or below transformers' per-block
+checkpointing."""
 
 import copy
 import time
@@ -18,6 +20,7 @@ from monet.solver import InfeasibleBudgetError, keep_all, least_peak, simulate, 
 from monet.solver.chain import (
     Rotor,
     chain_schedules,
+    covering,
     find_chain,
     find_chains,
     frontier,
@@ -46,6 +49,9 @@ def test_an_encoder_and_a_decoder_are_two_chains():
     ops = problem.forward_ops
     assert [len(chain) for chain in chains] == [5, 6]  # the decoder's blocks cover more ops: it comes first
     assert ops[chains[0].blocks[0][0]].name == "cross0" and ops[chains[1].blocks[0][0]].name == "upe0"
+    covered = covering(chains).blocks  # the blocks, and the runs of ops before and between them
+    assert covered[0][0] == 0 and all(stop == first for (_, stop), (first, _) in zip(covered, covered[1:]))
+    assert covered[-1][1] == max(chain.blocks[-1][1] for chain in chains)  # the tail is not a block
     both = chain_schedules(problem).checkpointed[1]
     first = simulate(problem, per_block(problem, chains[0])).peak
     assert both.peak < first  # per-block checkpointing of both stacks, not of the longer alone
@@ -222,27 +228,58 @@ def test_a_16_layer_llama_at_per_block_checkpointings_measured_peak(llama):
     _trains_as_predicted(model, schedule, ids)
 
 
-class GPT2LM(nn.Module):
-    """GPT-2 with its dropout (0.1) and labels, the loss inside."""
+def test_highs_answers_on_a_16_layer_llama_are_priced_as_the_simulator_replays_them(llama):
+    """One price: the schedule HiGHS returns costs, as the ILP's objective says, what the simulator's
+    replay says, and its bound is below it (no warnings: the simulator contradicted nothing)."""
+    _, _, problem, _ = llama
+    budget = int(0.7 * simulate(problem, keep_all(problem)).peak)
+    began = time.perf_counter()
+    solution = solve(problem, budget, time_limit=TIME_LIMIT)
+    assert time.perf_counter() - began < TIME_LIMIT * 1.1
+    assert solution.status in ("optimal", "time_limit") and not solution.warnings  # HiGHS's answer, as HiGHS said
+    assert solution.objective == pytest.approx(solution.replay.time, rel=1e-6)
+    assert solution.bound <= solution.objective and solution.replay.peak <= budget
 
-    def __init__(self):
+
+class Small(nn.Module):
+    """A transformers model of `kind` (GPT-2 and BERT with their dropout, 0.1; T5 with 4 + 4 layers) from
+    its config, labels in, the loss out; `checkpointed`: transformers' per-block checkpointing."""
+
+    def __init__(self, kind: str, checkpointed: bool = False):
         super().__init__()
-        self.model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            vocab_size=256, n_embd=32, n_layer=8, n_head=4, n_positions=64, use_cache=False))
+        if kind == "gpt2":
+            self.model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                vocab_size=256, n_embd=32, n_layer=8, n_head=4, n_positions=64, use_cache=False))
+        elif kind == "bert":
+            self.model = transformers.BertForMaskedLM(transformers.BertConfig(
+                vocab_size=256, hidden_size=32, num_hidden_layers=6, num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=64))
+        else:
+            self.model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+                vocab_size=256, d_model=32, d_kv=8, d_ff=64, num_layers=4, num_decoder_layers=4, num_heads=4,
+                decoder_start_token_id=0, pad_token_id=0, use_cache=False))
+        if checkpointed:
+            self.model.gradient_checkpointing_enable()
 
     def forward(self, ids):
         return self.model(input_ids=ids, labels=ids).loss
 
 
-def test_an_8_layer_gpt2_with_dropout_rebuilds_its_blocks_by_replaying_dropout():
+@pytest.mark.parametrize("kind", ["gpt2", "bert", "t5"])
+def test_least_is_at_most_transformers_per_block_checkpointing_with_dropout_replayed(kind):
+    """GPT-2 and BERT rebuild their blocks whole by replaying dropout from its generator state; T5's
+    first blocks (which make the position bias, unlike the rest) are rebuilt as blocks of their own.
+    The least peak is at most what transformers' per-block checkpointing measures, and trains so."""
     torch.manual_seed(0)
-    model = GPT2LM()
-    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(1))
+    model = Small(kind)
+    checkpointed = Small(kind, checkpointed=True)
+    checkpointed.load_state_dict(model.state_dict())
+    ids = torch.randint(1, 256, (2, 64), generator=torch.Generator().manual_seed(1))
+    measured = compare_training({"checkpointed": checkpointed}, ids, lambda out: out, steps=1)["checkpointed"].peak
     problem = trace_problem(model, ids, cost_model="analytic")
-    schedule = solve_traced(problem, "least", "GPT2LM", time_limit=10)
-    assert schedule.solver.formulation == "chain"
-    replayed = [c for c, option in schedule.schedule.options.items() if option == "replay"]
-    assert len(replayed) >= 8  # the blocks' dropout masks replayed from their generator state: blocks rebuild whole
-    blocks = chain_schedules(problem).checkpointed[1]
-    assert schedule.predicted.peak <= blocks.peak < 0.5 * simulate(problem, keep_all(problem)).peak
-    _trains_as_predicted(model, schedule, ids)  # the same dropout masks as eager's: the same gradients
+    schedule = solve_traced(problem, "least", kind, time_limit=10)
+    if kind != "t5":
+        replayed = [c for c, option in schedule.schedule.options.items() if option == "replay"]
+        assert len(replayed) >= 6  # the blocks' dropout masks replayed from their generator state
+    assert schedule.predicted.peak <= measured
+    assert _trains_as_predicted(model, schedule, ids) <= measured  # the same dropout masks: eager's gradients

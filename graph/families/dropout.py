@@ -73,8 +73,10 @@ class DropoutMask(BackwardFromCompact):
             ((site.tensors[0], bits.out.name), *bits.alt),
             ((site.tensors[0], replay.out.name), *replay.alt)))
         reads = tuple(problem.tensors[t].name for t in dropout.inputs)
+        # a rerun from the saved state holds a copy of the generator's state meanwhile (to put it back)
         rerun = Alternative(dropout.name, ((reads, dropout.time, dropout.workspace),) * 2
-                            + ((reads, dropout.time, dropout.workspace, None, (replay.out.name,), True),))
+                            + ((reads, dropout.time, dropout.workspace + replay.out.bytes, None, (replay.out.name,),
+                                True),))
         return ChoiceSpec(site.choice, self.options, new_ops=(pack, state), alternatives=(alternative, rerun))
 
     def rewrite(self, graph, nodes, site, option):
