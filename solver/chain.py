@@ -13,7 +13,8 @@ selective checkpointing (each block also keeps the tensors whose rerun saves the
 with the last k blocks keeping everything (a frontier from per-block checkpointing to keeping
 everything); Chen's sqrt(n) segments (only every s-th block's output kept; a segment is rebuilt whole
 at its first need); and Rotor's dynamic programme over the chain (`Rotor`: which block outputs to keep
-and which blocks to rerun how often, down to the least memory the chain runs in). They are the
+and which blocks to rerun how often, down to the least memory the chain runs in), over whole blocks and
+over their halves (`halves`: a block's first half may be rebuilt twice). They are the
 solver's floor on deep models, where the ILP's rerun horizon cannot pose a rebuilt block's tensors
 living through the block's whole backward.
 """
@@ -119,6 +120,18 @@ def _longest(codes: np.ndarray, crossing: np.ndarray, min_blocks: int) -> Chain 
             choices.append((-count, int(crossing[cuts].sum()), first, count))
     _, _, first, count = min(choices)
     return Chain(tuple((first + k * period, first + (k + 1) * period) for k in range(count)))
+
+
+def halves(problem: Problem, chain: Chain) -> Chain:
+    """`chain` with each block cut in two (an attention and an MLP, say) where the fewest bytes cross, in the
+    middle half of the block: Rotor over the halves may rebuild a block's first half twice rather than hold
+    its tensors through the second half's backward, which lowers the least peak below per-block's."""
+    crossing = _crossing(problem)
+    first, stop = chain.blocks[0]
+    period = stop - first
+    offsets = range(max(1, period // 4), max(2, 3 * period // 4))
+    cut = min(offsets, key=lambda offset: (sum(int(crossing[start + offset]) for start, _ in chain.blocks), offset))
+    return Chain(tuple(half for start, end in chain.blocks for half in ((start, start + cut), (start + cut, end))))
 
 
 @dataclass(frozen=True)
@@ -399,9 +412,9 @@ def chain_schedules(problem: Problem, budget: int | None = None,
     as each of `option_sets` says, on all its chains at once (find_chains: an encoder's and a decoder's
     blocks alike, and the ops before and between them as blocks of their own: `covering`): per-block
     checkpointing; selective checkpointing, and (with a `budget`) with the most blocks keeping everything
-    that fits it; Chen's segments of 2 to 2 sqrt(n) blocks; and Rotor's schedules on the longest chain
-    (the other chains keeping everything). Past time.perf_counter() `until`, the option sets after the
-    first are left out."""
+    that fits it; Chen's segments of 2 to 2 sqrt(n) blocks; and Rotor's schedules on the longest chain,
+    and on its blocks' halves (the other chains keeping everything). Past time.perf_counter() `until`,
+    the option sets after the first are left out."""
     found, blocks, checkpointed = [], 0, None
     for index, options in enumerate(option_sets):
         if index and until is not None and time.perf_counter() > until:
@@ -416,10 +429,11 @@ def chain_schedules(problem: Problem, budget: int | None = None,
             schedule = schedule.remap(plain, problem, options)
             return schedule, simulate(problem, schedule)
 
-        schedule = per_block(plain, chains[0])
-        for rotor in rotor_schedules(plain, chains[0], schedule, simulate(plain, schedule)):
-            with contextlib.suppress(ScheduleError):  # a rerun reads a copy an op outside the blocks overwrote
-                found.append(replayed(rotor))
+        for chain in (chains[0], halves(plain, chains[0])):
+            schedule = per_block(plain, chain)
+            for rotor in rotor_schedules(plain, chain, schedule, simulate(plain, schedule)):
+                with contextlib.suppress(ScheduleError):  # a rerun reads a copy an op outside the blocks overwrote
+                    found.append(replayed(rotor))
         blocks = max(blocks, sum(len(chain) for chain in chains))
         for length in range(2, int(2 * len(whole) ** 0.5) + 1):
             found.append(replayed(segments(plain, whole, length)))

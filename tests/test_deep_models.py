@@ -24,8 +24,10 @@ from monet.solver.chain import (
     find_chain,
     find_chains,
     frontier,
+    halves,
     per_block,
     ranked,
+    rotor_schedules,
     segments,
     selected,
 )
@@ -226,6 +228,22 @@ def test_a_16_layer_llama_at_per_block_checkpointings_measured_peak(llama):
     assert schedule.predicted.peak <= budget
     assert schedule.predicted.time <= blocks.time  # no slower than per-block checkpointing as monet runs it
     _trains_as_predicted(model, schedule, ids)
+
+
+def test_rotor_over_the_blocks_halves_goes_below_per_block_checkpointing(llama):
+    """Cut in two (attention, MLP), a block's first half can be rebuilt twice rather than held through the
+    second half's backward: Rotor over the halves reaches a lower peak than over whole blocks."""
+    _, _, problem, _ = llama
+    chain = find_chain(problem)
+    split = halves(problem, chain)
+    assert len(split) == 2 * len(chain) and all(a[1] == b[0] for a, b in zip(split.blocks[::2], split.blocks[1::2]))
+
+    def least(blocks):
+        schedule = per_block(problem, blocks)
+        return min(simulate(problem, s).peak for s in rotor_schedules(problem, blocks, schedule,
+                                                                       simulate(problem, schedule)))
+
+    assert least(split) < min(least(chain), simulate(problem, per_block(problem, chain)).peak)
 
 
 def test_highs_answers_on_a_16_layer_llama_are_priced_as_the_simulator_replays_them(llama):
