@@ -314,7 +314,8 @@ def _polished(problem: Problem, budget: int, settings: SolveSettings, solution: 
               progress: Progress) -> Solution:
     """`solution` improved by a neighbourhood search (solver/polish.py) in the general formulation, reruns at
     any distance, until time.perf_counter() `until`; itself where the search finds nothing faster or it is
-    already proven optimal there."""
+    already proven optimal there, or where building that formulation took more than half the time (a deep
+    model's: each piece of so large a formulation overruns its time, and the limit would not hold)."""
     if solution.status == "optimal" and solution.formulation == "general" and solution.horizon is None:
         return solution
     began = time.perf_counter()
@@ -328,8 +329,10 @@ def _polished(problem: Problem, budget: int, settings: SolveSettings, solution: 
         progress("polishing", elapsed, total, f"{tried} neighbourhoods, best so far {best.time / reference - 1:+.2%} "
                                               f"step time; {max(0.0, total - elapsed):.0f} s left")
 
-    found = neighbourhood_search(formulation, solution.schedule.remap(problem, posed), budget, until,
-                                 seed=settings.seed, heuristic_effort=settings.heuristic_effort, report=report)
+    found = None
+    if until - time.perf_counter() >= total / 2:
+        found = neighbourhood_search(formulation, solution.schedule.remap(problem, posed), budget, until,
+                                     seed=settings.seed, heuristic_effort=settings.heuristic_effort, report=report)
     if found is None:
         return dataclasses.replace(solution, solve_time=solution.solve_time + time.perf_counter() - began)
     return _found_beside(problem, solution, unpose(found[0]), bound, began, "polished by a neighbourhood search from")
@@ -339,12 +342,14 @@ def neighbourhoods(problem: Problem, budget: int, settings: SolveSettings, until
                    ) -> tuple[General, Problem, Callable[[Schedule], Schedule], float]:
     """Where neighbourhood searches run: the general formulation, reruns at any distance; the problem it
     is posed on; how a schedule of that becomes one of `problem`; and its LP relaxation's bound on any
-    schedule's time (0 where not solved within SECONDS, or by time.perf_counter() `until`)."""
+    schedule's time (0 where not solved within SECONDS, or not tried where less than SECONDS is left before
+    time.perf_counter() `until`: on a deep model the relaxation can take twice its time limit)."""
     _, posed, fixed = _pose(problem, settings.but(formulation="general", horizon=None))
     formulation = General(posed, budget, None, allow_approximate=settings.allow_approximate, options=fixed)
-    seconds = SECONDS if until is None else min(SECONDS, until - time.perf_counter())
-    relaxed = formulation.milp.solve(relax=True, time_limit=max(1.0, seconds))
-    bound = formulation.fixed_time + max(0.0, relaxed.objective) / 1e3 if relaxed.status == "optimal" else 0.0
+    bound = 0.0
+    if until is None or until - time.perf_counter() >= SECONDS:
+        relaxed = formulation.milp.solve(relax=True, time_limit=SECONDS)
+        bound = formulation.fixed_time + max(0.0, relaxed.objective) / 1e3 if relaxed.status == "optimal" else 0.0
     return formulation, posed, lambda schedule: _unpose(schedule, posed, problem, fixed), bound
 
 
