@@ -245,13 +245,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compiled", nargs=2, metavar=("CONFIG", "BUDGET"), help=argparse.SUPPRESS)
     parser.add_argument("-o", "--out", type=Path, default=Path("benchmarks/results/deep"))
     args = parser.parse_args(argv)
+    torch.set_num_threads(1)
     if args.compiled:
         print(json.dumps(_compiled(args.compiled[0], float(args.compiled[1]))))
         return
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
         parser.error(f"unknown configs {unknown}: choose from {', '.join(CONFIGS)}")
-    torch.set_num_threads(1)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     command = " ".join(argv if argv is not None else sys.argv[1:])
     for config in args.configs:
