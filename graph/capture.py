@@ -66,12 +66,15 @@ class TracedStep:
     Use as a context manager; `compile` must be called inside it.
     """
 
-    def __init__(self, model: nn.Module, inputs, autocast: str | None = None):
+    def __init__(self, model: nn.Module, inputs, autocast: str | torch.dtype | None = None):
         """`inputs` as Example.of takes them (a spec's tensors are made on the model's device);
-        `autocast` ("bfloat16", "float16" or None) the torch.autocast dtype to trace the step under:
-        the graph holds its casts, and runs them with autocast off."""
+        `autocast` (torch.bfloat16 or torch.float16, or its name; None: off) the torch.autocast dtype to
+        trace the step under: the graph holds its casts, and runs them with autocast off."""
+        if isinstance(autocast, torch.dtype):
+            autocast = str(autocast).removeprefix("torch.")
         if autocast is not None and autocast not in AUTOCAST_DTYPES:
-            raise ValueError(f"autocast={autocast!r}: use one of {', '.join(AUTOCAST_DTYPES)}, or None")
+            raise ValueError(f"autocast={autocast!r}: use one of {', '.join(f'torch.{d}' for d in AUTOCAST_DTYPES)} "
+                             f"(or its name, {', '.join(map(repr, AUTOCAST_DTYPES))}), or None")
         self.model = model
         self.device = model_device(model)
         self.autocast = autocast

@@ -17,6 +17,7 @@ from monet.solver.solve import Progress
 from .budget import is_least, parse_budget
 
 if TYPE_CHECKING:  # torch and monet.graph load where a model is traced: solving needs neither
+    import torch
     from torch import nn
 
 # Progress: progress(stage, done, total, detail), what monet is doing, for a progress display. `total`
@@ -25,8 +26,9 @@ if TYPE_CHECKING:  # torch and monet.graph load where a model is traced: solving
 
 
 def trace_problem(model: nn.Module, inputs, *, input_dtype: str | None = None, input_requires_grad: bool | None = None,
-                  autocast: str | None = None, optimizer=None, micro_batches: int = 1, cost_model: str = "measured",
-                  implementations: bool = True, sink: bool = True, progress: Progress | None = None) -> Problem:
+                  autocast: str | torch.dtype | None = None, optimizer=None, micro_batches: int = 1,
+                  cost_model: str = "measured", implementations: bool = True, sink: bool = True,
+                  progress: Progress | None = None) -> Problem:
     """Trace `model` called with `inputs` (see `solve`), under `autocast`, and cost every op of its
     training step, with (`implementations`) every alternative way an op can run, and the
     `optimizer`'s update after `micro_batches` backward passes, measured here. With `sink`, the
@@ -54,9 +56,9 @@ def trace_problem(model: nn.Module, inputs, *, input_dtype: str | None = None, i
 
 
 def solve(model: nn.Module, inputs, budget: str | int | float, settings: SolveSettings | None = None, *,
-          input_dtype: str | None = None, input_requires_grad: bool | None = None, autocast: str | None = None,
-          optimizer=None, micro_batches: int = 1, cost_model: str = "measured", progress: Progress | None = None,
-          **changes) -> ScheduleFile:
+          input_dtype: str | None = None, input_requires_grad: bool | None = None,
+          autocast: str | torch.dtype | None = None, optimizer=None, micro_batches: int = 1,
+          cost_model: str = "measured", progress: Progress | None = None, **changes) -> ScheduleFile:
     """The fastest schedule for training `model` on `inputs` within `budget`, solved as `settings`
     (a SolveSettings; default: SolveSettings()) with `changes` to them as keyword arguments
     (`monet.solve(model, shape, "50%", time_limit=10)`) say.
@@ -68,9 +70,9 @@ def solve(model: nn.Module, inputs, budget: str | int | float, settings: SolveSe
     int, float, str) among them. Given tensors are profiled as they are; the schedule records their
     shapes, dtypes and constants, and MONeTWrapper runs it on calls of that structure. The model's
     output may be any structure of tensors (a ModelOutput, a dict, a tuple; a loss computed inside).
-    `autocast` ("bfloat16", "float16" or None) traces the step under torch.autocast at that dtype
-    (mixed precision): the schedule records it, tensor sizes follow the casts, and MONeTWrapper runs
-    the step that way.
+    `autocast` (torch.bfloat16 or torch.float16, or its name; None: off) traces the step under
+    torch.autocast at that dtype (mixed precision): the schedule records it, tensor sizes follow the
+    casts, and MONeTWrapper runs the step that way.
     `optimizer` ('sgd', 'adam', 'adamw', an optimizer class, or (class, {options})) makes the step
     the whole of one: forward, backward, `optimizer.step()` and zeroing the gradients (set to None).
     The budget and the predicted peak then cover the optimizer's state, held from the step before,
@@ -129,8 +131,9 @@ def solve_traced(problem: Problem, budget: str | int | float, model_name: str, s
 
 
 def profile(model: nn.Module, inputs, *, input_dtype: str | None = None, input_requires_grad: bool | None = None,
-            autocast: str | None = None, optimizer=None, micro_batches: int = 1, cost_model: str = "measured",
-            implementations: bool = True, progress: Progress | None = None) -> ProblemFile:
+            autocast: str | torch.dtype | None = None, optimizer=None, micro_batches: int = 1,
+            cost_model: str = "measured", implementations: bool = True,
+            progress: Progress | None = None) -> ProblemFile:
     """Trace and profile `model` called with `inputs` (as `solve` takes them) here (on the model's
     device), for solving later or elsewhere: `.save(path)` writes the problem file (`monet profile`),
     and `solve_problem_file` solves it with `solve`'s settings, without the model's code or torch.

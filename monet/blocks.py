@@ -236,7 +236,7 @@ class BlockSchedules:
 
 def solve_blocks(model: nn.Module, blocks: nn.ModuleList | nn.Sequential, inputs, budget: str | int | float,
                  settings: SolveSettings | None = None, *, shards: int = 1, cost_model: str = "measured",
-                 autocast: str | None = None, progress=None, **changes) -> BlockSchedules:
+                 autocast: str | torch.dtype | None = None, progress=None, **changes) -> BlockSchedules:
     """One schedule per block of `blocks`, solved together so that the model's step (every block's
     forward in order, every backward in reverse) peaks within `budget`: bytes, a size string, or a share of that
     step's unconstrained peak ('50%'). Each block's problem is traced as `monet.solve` traces it

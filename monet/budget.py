@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 _UNITS = {
     "": 1, "b": 1,
@@ -14,8 +15,11 @@ _UNITS = {
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-z%]*)\s*$", re.IGNORECASE)
 
 
-def parse_budget(text: str | int | float, unconstrained_peak: int) -> int:
-    """Bytes for a budget; a percentage is of the unconstrained peak. K/M/G are binary (KiB/MiB/GiB)."""
+def parse_budget(text: str | int | float, unconstrained_peak: int, *, warn: bool = True) -> int:
+    """Bytes for a budget; a percentage is of the unconstrained peak. K/M/G are binary (KiB/MiB/GiB); a
+    number without a unit is bytes, so one below 1 (a share meant as torch.compile's
+    activation_memory_budget=0.5 means it) is refused with the two ways to say it. A share above 100 %
+    warns (`warn`): the step then keeps everything."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value, unit = float(text), ""
     else:
@@ -23,9 +27,15 @@ def parse_budget(text: str | int | float, unconstrained_peak: int) -> int:
         if not match:
             raise ValueError(f"budget {text!r} is not a size like 4GiB, 512MB or 60%")
         value, unit = float(match.group(1)), match.group(2).lower()
+    if unit == "" and 0 < value < 1:
+        raise ValueError(f"budget {text!r} is a number of bytes below one: for a share of the unconstrained peak "
+                         f"write '{value * 100:g}%', for a size give its unit ('512MiB', '2GB')")
     if unit == "%":
         if not 0 < value:
             raise ValueError(f"budget {text!r} must be a positive percentage")
+        if value > 100 and warn:
+            warnings.warn(f"budget {text!r} is above the unconstrained peak: every schedule fits, and the fastest "
+                          "keeps everything", stacklevel=3)
         return int(unconstrained_peak * value / 100)
     if unit not in _UNITS:
         raise ValueError(f"budget {text!r} has unknown unit {unit!r}; use B, KiB, MiB, GiB, KB, MB, GB or %")
@@ -43,4 +53,4 @@ def check_budget(budget: str | int | float) -> None:
     """A solve's budget checked for its form before any tracing or profiling: 'least', or a size or
     percentage that parse_budget reads (a percentage is of the peak, known once traced)."""
     if not is_least(budget):
-        parse_budget(budget, 1)
+        parse_budget(budget, 1, warn=False)
