@@ -89,7 +89,9 @@ class MONeTWrapper(nn.Module):
             return _Step(schedule_file, spec, run, step.param_names, step.buffer_names, graphs, step.loss_only)
 
     def forward(self, *args, **kwargs):
-        if not (self.training and torch.is_grad_enabled()):
+        # the schedule is the training step: in eval mode (the wrapper's or the model's own) or without
+        # gradients, the model runs as it is
+        if not (self.training and self.model.training and torch.is_grad_enabled()):
             return self.model(*args, **kwargs)
         device = self.schedule_file.device
         if torch.is_autocast_enabled(device):

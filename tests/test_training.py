@@ -86,6 +86,18 @@ def test_eval_mode_and_no_grad_run_the_plain_model():
     wrapped.eval(), reference.eval()
     assert torch.equal(wrapped(x[:3]), reference(x[:3]))  # any batch size in eval mode
     assert all(torch.equal(b, c) for b, c in zip(model.buffers(), reference.buffers()))
+    wrapped.train()
+    model.eval()  # the wrapped model's own eval mode counts too: batch norm on its running statistics
+    assert torch.equal(wrapped(x), reference(x))
+
+
+def test_the_wrapped_models_eval_mode_turns_dropout_off():
+    model, shape = small_model("transformer")
+    reference = copy.deepcopy(model).eval()
+    wrapped = MONeTWrapper(model, schedule_for("transformer", "50%"), shape)
+    model.eval()
+    x = torch.randn(shape)
+    assert torch.equal(wrapped(x), reference(x))  # no dropout: the eval model's output, every time
 
 
 def test_wrong_inputs_are_refused():
