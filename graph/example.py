@@ -21,15 +21,17 @@ class Example:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, inputs, *, dtype: str | None = None, requires_grad: bool | None = None,
+    def of(cls, inputs, *, dtype: str | torch.dtype | None = None, requires_grad: bool | None = None,
            device: torch.device | str = "cpu") -> Example:
-        """`inputs` as monet.solve and MONeTWrapper take them: a shape (ints: one tensor of `dtype`,
-        default float32, standard normal or zeros, wanting a gradient if `requires_grad`), an InputSpec or
-        Inputs (made on `device`), an example tensor, a tuple of positional inputs, a dict of keyword
-        inputs, or an Example. Given tensors are used as they are: `dtype` and `requires_grad` are for
-        shapes only."""
+        """`inputs` as monet.solve and MONeTWrapper take them: a shape (ints: one tensor of `dtype`, a
+        torch dtype or its name, default float32, standard normal or zeros, wanting a gradient if
+        `requires_grad`), an InputSpec or Inputs (made on `device`), an example tensor, a tuple of
+        positional inputs, a dict of keyword inputs, or an Example. Given tensors are used as they are:
+        `dtype` and `requires_grad` are for shapes only."""
         if isinstance(inputs, Sequence) and inputs and all(isinstance(s, int) and not isinstance(s, bool)
                                                            for s in inputs):
+            if isinstance(dtype, torch.dtype):
+                dtype = str(dtype).removeprefix("torch.")
             return cls((InputSpec(tuple(inputs), dtype or "float32", bool(requires_grad)).example(device),))
         if dtype is not None or requires_grad is not None:
             raise ValueError("input_dtype and input_requires_grad describe an input given as a shape; the inputs "

@@ -25,10 +25,10 @@ if TYPE_CHECKING:  # torch and monet.graph load where a model is traced: solving
 # schedule so far, its gap and the seconds left, with done and total in seconds).
 
 
-def trace_problem(model: nn.Module, inputs, *, input_dtype: str | None = None, input_requires_grad: bool | None = None,
-                  autocast: str | torch.dtype | None = None, optimizer=None, micro_batches: int = 1,
-                  cost_model: str = "measured", implementations: bool = True, sink: bool = True,
-                  progress: Progress | None = None) -> Problem:
+def trace_problem(model: nn.Module, inputs, *, input_dtype: str | torch.dtype | None = None,
+                  input_requires_grad: bool | None = None, autocast: str | torch.dtype | None = None,
+                  optimizer=None, micro_batches: int = 1, cost_model: str = "measured", implementations: bool = True,
+                  sink: bool = True, progress: Progress | None = None) -> Problem:
     """Trace `model` called with `inputs` (see `solve`), under `autocast`, and cost every op of its
     training step, with (`implementations`) every alternative way an op can run, and the
     `optimizer`'s update after `micro_batches` backward passes, measured here. With `sink`, the
@@ -56,7 +56,7 @@ def trace_problem(model: nn.Module, inputs, *, input_dtype: str | None = None, i
 
 
 def solve(model: nn.Module, inputs, budget: str | int | float, settings: SolveSettings | None = None, *,
-          input_dtype: str | None = None, input_requires_grad: bool | None = None,
+          input_dtype: str | torch.dtype | None = None, input_requires_grad: bool | None = None,
           autocast: str | torch.dtype | None = None, optimizer=None, micro_batches: int = 1,
           cost_model: str = "measured", progress: Progress | None = None, **changes) -> ScheduleFile:
     """The fastest schedule for training `model` on `inputs` within `budget`, solved as `settings`
@@ -130,9 +130,9 @@ def solve_traced(problem: Problem, budget: str | int | float, model_name: str, s
                                       least=least or None)
 
 
-def profile(model: nn.Module, inputs, *, input_dtype: str | None = None, input_requires_grad: bool | None = None,
-            autocast: str | torch.dtype | None = None, optimizer=None, micro_batches: int = 1,
-            cost_model: str = "measured", implementations: bool = True,
+def profile(model: nn.Module, inputs, *, input_dtype: str | torch.dtype | None = None,
+            input_requires_grad: bool | None = None, autocast: str | torch.dtype | None = None, optimizer=None,
+            micro_batches: int = 1, cost_model: str = "measured", implementations: bool = True,
             progress: Progress | None = None) -> ProblemFile:
     """Trace and profile `model` called with `inputs` (as `solve` takes them) here (on the model's
     device), for solving later or elsewhere: `.save(path)` writes the problem file (`monet profile`),
