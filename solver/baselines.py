@@ -52,7 +52,7 @@ def chen_greedy(problem: Problem, budget: int | None = None) -> Schedule:
         found = best_first_need(plain, budget)
         if found is None:
             least = best_first_need(plain, None)[1].peak
-            raise InfeasibleBudgetError(budget, LeastPeak(least, 0), "chen-greedy")
+            raise InfeasibleBudgetError(budget, LeastPeak(least, 0), "chen-greedy", plain.floor)
         return recompute_at_first_need(plain, found[0])
 
     return _as_pytorch(problem, build)

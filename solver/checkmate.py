@@ -185,7 +185,7 @@ def checkmate(problem: Problem, budget: int, *, time_limit: float = 60.0, seed: 
     result = model.milp.solve(time_limit=time_limit, seed=seed)
     if result.status == "infeasible":
         left = max(1.0, time_limit - (time.perf_counter() - start))
-        raise InfeasibleBudgetError(budget, _least_peak(plain, left, seed), Checkmate.name)
+        raise InfeasibleBudgetError(budget, _least_peak(plain, left, seed), Checkmate.name, plain.floor)
     if result.values is None:
         raise SolverFailedError(f"HiGHS stopped ({result.status}) before finding any Checkmate schedule within "
                                 f"{time_limit:g} s; raise the time limit or the budget")

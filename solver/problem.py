@@ -239,6 +239,11 @@ class Problem:
         return sum(t.bytes for t in self.tensors if t.role in PERSISTENT_ROLES) + state + self.held
 
     @cached_property
+    def floor(self) -> int:
+        """Bytes every schedule holds at its peak or before: persistent_bytes and the parameters' gradients."""
+        return self.persistent_bytes + sum(t.bytes for t in self.tensors if t.role == "grad")
+
+    @cached_property
     def update_peak(self) -> int | None:
         """The peak of the optimizer's step (None without one), the same under every schedule: what the
         step holds when the backward ends (persistent bytes, outputs, gradients) and the step's workspace."""

@@ -30,9 +30,11 @@ class LeastPeak:
 class InfeasibleBudgetError(MonetError, ValueError):
     """The budget is below the least peak any schedule of this formulation reaches."""
 
-    def __init__(self, budget: int, least: LeastPeak, formulation: str):
+    def __init__(self, budget: int, least: LeastPeak, formulation: str, floor: int | None = None):
+        """`floor`: the bytes no schedule frees (Problem.floor), which the message names as part of the peak."""
         self.budget = budget
         self.least_peak = least.found
+        self.floor = floor
         within = "" if least.horizon is None else f" with reruns at most {least.horizon} stages ahead of their use"
         if least.found <= least.bound:
             detail = f"is below the least feasible peak {format_bytes(least.found)} ({least.found} bytes){within}"
@@ -44,7 +46,11 @@ class InfeasibleBudgetError(MonetError, ValueError):
         if least.sure is not None and least.sure > least.found:
             sure = (f" (from {format_bytes(least.sure)} up a heuristic schedule fits, which the search starts "
                     "from, so a schedule is sure there)")
-        message = f"budget {format_bytes(budget)} {detail}; raise the budget to at least that{sure}"
+        held = ""
+        if floor:
+            held = (f" (of it, {format_bytes(floor)} is parameters, their gradients, buffers and inputs, which no "
+                    "schedule frees)")
+        message = f"budget {format_bytes(budget)} {detail}{held}; raise the budget to at least that{sure}"
         if formulation == "compact":  # settings that may reach a lower peak
             message += " or try `formulation='general'`, which recomputes more than once"
             if least.horizon is not None:

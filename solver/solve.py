@@ -233,7 +233,8 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     beyond = _beyond_horizon(problem, settings, chained)
     if beyond and budget < chained.schedules[0][1].peak:
         least = chained.schedules[0]
-        raise InfeasibleBudgetError(budget, LeastPeak(least[1].peak, 0, least[0], None, least[1].peak), "chain")
+        raise InfeasibleBudgetError(budget, LeastPeak(least[1].peak, 0, least[0], None, least[1].peak), "chain",
+                                    problem.floor)
     if beyond and budget <= chained.checkpointed[1].peak and chained.within(budget):
         solution = _chain_solution(chained, budget, began)
         given = simulate(problem, start) if start is not None else None
@@ -530,7 +531,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
         elif sought is not None and sought.bound > budget:
             if not explain:
                 raise _NoSchedule
-            raise InfeasibleBudgetError(budget, _judged(problem, sought), kind)
+            raise InfeasibleBudgetError(budget, _judged(problem, sought), kind, problem.floor)
     progress(label + "building the ILP", 0, None, "")
     formulation = _formulate(kind, posed, budget, settings, fixed, horizon)
     if kind == "compact" and incumbent and (found is None or incumbent[1].time < found.replay.time):
@@ -602,7 +603,7 @@ def _solve(problem: Problem, budget: int, settings: SolveSettings, start: Schedu
                 raise
             least = None
         if result.status == "infeasible" or (least is not None and least.bound > budget):
-            raise InfeasibleBudgetError(budget, _judged(problem, least), formulation.name)
+            raise InfeasibleBudgetError(budget, _judged(problem, least), formulation.name, problem.floor)
         raise SolverFailedError(_no_schedule_message(budget, unconstrained.peak, time_limit, least), least)
     schedule = _unpose(formulation.schedule(result.values), posed, problem, fixed)
     replay = simulate(problem, schedule)

@@ -56,7 +56,7 @@ def solve_step(stacked: Stacked, budget: int, settings: SolveSettings | None = N
             solution = solve(step.problem, target, settings, progress=progress)
         except InfeasibleBudgetError as exc:
             least = LeastPeak(exc.least_peak + budget - target, 0)  # the ILP's least, with the margin back
-            raise InfeasibleBudgetError(budget, least, settings.formulation) from None
+            raise InfeasibleBudgetError(budget, least, settings.formulation, exc.floor) from None
         own = tuple(step.split(solution.schedule))
         replay = step.replay(own)
         if replay.peak <= budget:

@@ -28,6 +28,7 @@ from monet.solver.compact import Compact
 from monet.solver.general import General
 from monet.solver.heuristics import best_first_need, chen_candidates, fastest_kernels, recompute_at_first_need
 from monet.solver.polish import PATIENCE, neighbourhood_search
+from monet.solver.result import format_bytes
 from monet.solver.stages import Stages
 
 
@@ -110,6 +111,10 @@ def test_infeasible_budget_names_the_least_peak():
         solve(p, least - 1)
     assert info.value.least_peak == least
     assert solve(p, least).peak <= least and solve(p, found.found).status == "optimal"
+    # what no schedule frees is named, as part of that peak: parameters, their gradients, buffers and inputs
+    grads = sum(t.bytes for t in p.tensors if t.role == "grad")
+    assert info.value.floor == p.persistent_bytes + grads and 0 < info.value.floor < least
+    assert f"{format_bytes(info.value.floor)} is parameters, their gradients, buffers and inputs" in str(info.value)
 
 
 @pytest.mark.parametrize("seed", range(4))
