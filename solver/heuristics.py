@@ -142,15 +142,19 @@ def rerun_options(problem: Problem, *, allow_approximate: bool = False) -> dict[
         op.impl(j).recompute_time for op in ops if op.phase == "forward" and op.impl(j).runs))
 
 
-def rebuildable_options(problem: Problem, *, allow_approximate: bool = False) -> dict[str, str]:
+def rebuildable_options(problem: Problem, *, allow_approximate: bool = False, fastest: bool = False
+                        ) -> dict[str, str]:
     """Per choice, the option under which its forward ops that cannot rerun make the fewest bytes (dropout
-    replayed from its generator state keeps the state alone), the leanest of them where several: a block
-    can be rebuilt whole only where every op in it may rerun."""
+    replayed from its generator state keeps the state alone), the leanest of them where several (with
+    `fastest`, the fastest: dropout rerun from that state, its backward reading the mask): a block can be
+    rebuilt whole only where every op in it may rerun."""
     lean = lean_options(problem, allow_approximate=allow_approximate)
 
-    def key(ops: list, j: int) -> tuple[int, bool]:  # bytes made by forward ops that cannot rerun: always kept
+    def key(ops: list, j: int) -> tuple[int, bool | float]:  # bytes made by forward ops that cannot rerun: kept
         stuck = sum(problem.out_bytes(op) for op in ops
                     if op.phase == "forward" and op.impl(j).runs and not op.impl(j).recomputable)
+        if fastest:
+            return stuck, sum(op.impl(j).time for op in ops if op.impl(j).runs)
         choice = problem.choice_named[ops[0].choice] if ops else None
         return stuck, choice is not None and choice.options[j] != lean[choice.name]
 

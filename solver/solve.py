@@ -261,17 +261,21 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
 def _chained(problem: Problem, budget: int | None, settings: SolveSettings, progress: Progress,
              until: float | None = None) -> Chained:
     """The schedules of the problem's chain of repeated blocks (solver/chain.py), with ops run so that
-    blocks rebuild whole (dropout replayed: rebuildable_options) and as the heuristics run them
-    (_option_sets); those past the first set only until time.perf_counter() `until`."""
+    blocks rebuild whole (rebuildable_options: dropout replayed, leanest; dropout rerun, fastest) and as
+    the heuristics run them (_option_sets); those past the first set only until time.perf_counter() `until`."""
     if find_chain(problem) is None:
         return Chained()
     progress("checkpointing the repeated blocks", 0, None, "")
     _, posed, fixed = _pose(problem, settings.but(formulation="compact"))
     sets = _option_sets(posed, settings)
     if settings.implementations and posed.choices:
-        rebuildable = {**rebuildable_options(posed, allow_approximate=settings.allow_approximate), **fixed}
         first = {choice.name: choice.options[0] for choice in posed.choices}
-        sets = [rebuildable, *(other for other in sets if {**first, **rebuildable} != {**first, **other})]
+        candidates = [{**rebuildable_options(posed, allow_approximate=settings.allow_approximate, fastest=fastest),
+                       **fixed} for fastest in (False, True)] + sets
+        sets = []
+        for options in candidates:  # each distinct set once, blocks rebuilt whole first
+            if all({**first, **options} != {**first, **other} for other in sets):
+                sets.append(options)
     return chain_schedules(problem, budget, sets, until)
 
 

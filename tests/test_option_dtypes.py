@@ -52,6 +52,7 @@ OPTIONS = {
     "in": ("densenet", torch.ops.aten.relu_.default, (*LOW, "float32")),  # ReLU in place, in every rerun
     "bits": ("transformer", kernels.dropout_backward_from_mask, LOW),
     "replay": ("transformer", kernels.dropout_backward_replay, LOW),
+    "rerun": ("transformer", kernels.dropout_rerun, (*LOW, "float32")),  # dropout reruns, its backward reads the mask
 }
 
 

@@ -1,5 +1,6 @@
 """Dropout: backward from the mask, from the mask packed 8 per byte, or replayed from the
-generator state (the dropout may then also rerun)."""
+generator state (the dropout may then also rerun), or from the mask with the dropout able to rerun
+from the generator state (as PyTorch's checkpointing reruns it)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ class DropoutMask(BackwardFromCompact):
     """Dropout's backward from its bool mask (PyTorch, a byte per element), from the mask packed
     8 per byte, or from the mask drawn again from the generator state saved before the dropout
     (`replay`: nothing of the mask is kept; the backward redraws it, exactly). Under `replay` the
-    dropout itself may also rerun from that state, so its output need not be kept either."""
+    dropout itself may also rerun from that state, so its output need not be kept either. Under
+    `rerun` it may rerun so too, and the backward reads the mask, kept or made by that rerun: a block
+    rebuilt whole draws each mask once, as under PyTorch's checkpointing, where `replay` draws it twice."""
 
-    name, options = "dropout", ("bytes", "bits", "replay")
-    # options whose kernels Inductor cannot trace: `replay` sets the generator's state
-    not_compiled = {"replay": "redraws the mask by setting the generator's state, which Inductor cannot trace"}
+    name, options = "dropout", ("bytes", "bits", "replay", "rerun")
+    # options whose kernels Inductor cannot trace: they set the generator's state
+    not_compiled = {"replay": "redraws the mask by setting the generator's state, which Inductor cannot trace",
+                    "rerun": "reruns dropout by setting the generator's state, which Inductor cannot trace"}
     backward_target = aten.native_dropout_backward.default
     pack_kernel, backward_kernel = kernels.dropout_mask, kernels.dropout_backward_from_mask
 
@@ -58,35 +62,37 @@ class DropoutMask(BackwardFromCompact):
         return {**super().shapes(site, node, fake_mode), self.options[2]: Measured((0.0, 0), (0.0, 0), state)}
 
     def spec(self, site, problem, measured):
+        """`rerun` costs what `replay` does to save the state, and what PyTorch's backward does."""
         bits, replay = measured[self.options[1]], measured[self.options[2]]
         source = problem.tensor_named(site.tensors[-1])
         dropout = problem.ops[source.producer]
         before = problem.ops[problem.tensors[dropout.inputs[0]].producer]
         pack = NewOp(bits.out.name, f"monet.{kernels.dropout_mask.__name__}", dropout.name, (source.name,),
-                     (bits.out,), ((0.0, 0, False), (*bits.new, True), (0.0, 0, False)))
+                     (bits.out,), ((0.0, 0, False), (*bits.new, True), (0.0, 0, False), (0.0, 0, False)))
         state = NewOp(replay.out.name, f"monet.{kernels.rng_state.__name__}", before.name,
                       (problem.tensors[dropout.inputs[0]].name,), (replay.out,),
-                      ((0.0, 0, False), (0.0, 0, False), (*replay.new, True)))
+                      ((0.0, 0, False), (0.0, 0, False), (*replay.new, True), (*replay.new, True)))
         backward = problem.op_named(site.nodes[1])
+        plain = (tuple(problem.tensors[t].name for t in backward.inputs), backward.time, backward.workspace)
         alternative = Alternative(site.nodes[1], (
-            (tuple(problem.tensors[t].name for t in backward.inputs), backward.time, backward.workspace),
-            ((site.tensors[0], bits.out.name), *bits.alt),
-            ((site.tensors[0], replay.out.name), *replay.alt)))
+            plain, ((site.tensors[0], bits.out.name), *bits.alt), ((site.tensors[0], replay.out.name), *replay.alt),
+            plain))
         reads = tuple(problem.tensors[t].name for t in dropout.inputs)
         # a rerun from the saved state holds a copy of the generator's state meanwhile (to put it back)
-        rerun = Alternative(dropout.name, ((reads, dropout.time, dropout.workspace),) * 2
-                            + ((reads, dropout.time, dropout.workspace + replay.out.bytes, None, (replay.out.name,),
-                                True),))
+        from_state = (reads, dropout.time, dropout.workspace + replay.out.bytes, None, (replay.out.name,), True)
+        rerun = Alternative(dropout.name, ((reads, dropout.time, dropout.workspace),) * 2 + (from_state,) * 2)
         return ChoiceSpec(site.choice, self.options, new_ops=(pack, state), alternatives=(alternative, rerun))
 
     def rewrite(self, graph, nodes, site, option):
-        if option != self.options[2]:
+        if option == self.options[1]:
             return super().rewrite(graph, nodes, site, option)
         dropout = nodes[site.nodes[0]]
         with graph.inserting_before(dropout):
             state = graph.create_node("call_function", kernels.rng_state, (dropout.args[0],),
-                                      name=f"{site.tensors[-1]}__{option}")
+                                      name=f"{site.tensors[-1]}__{self.options[2]}")
         dropout.meta[RERUN] = (kernels.dropout_rerun, (state,))
+        if option == self.options[3]:  # the backward reads the mask as PyTorch's does
+            return [state]
         backward = nodes[site.nodes[1]]
         backward.target = kernels.dropout_backward_replay
         backward.args = (backward.args[0], state, site.params[1], site.params[0])
