@@ -261,8 +261,9 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
 def _chained(problem: Problem, budget: int | None, settings: SolveSettings, progress: Progress,
              until: float | None = None) -> Chained:
     """The schedules of the problem's chain of repeated blocks (solver/chain.py), with ops run so that
-    blocks rebuild whole (rebuildable_options: dropout replayed, leanest; dropout rerun, fastest) and as
-    the heuristics run them (_option_sets); those past the first set only until time.perf_counter() `until`."""
+    blocks rebuild whole (rebuildable_options: dropout rerun, fastest, first for a budget; dropout replayed,
+    leanest, first for the least peak) and as the heuristics run them (_option_sets); those past the first
+    set only until time.perf_counter() `until`."""
     if find_chain(problem) is None:
         return Chained()
     progress("checkpointing the repeated blocks", 0, None, "")
@@ -270,8 +271,9 @@ def _chained(problem: Problem, budget: int | None, settings: SolveSettings, prog
     sets = _option_sets(posed, settings)
     if settings.implementations and posed.choices:
         first = {choice.name: choice.options[0] for choice in posed.choices}
+        first_fastest = (True, False) if budget is not None else (False, True)  # a least peak: leanest first
         candidates = [{**rebuildable_options(posed, allow_approximate=settings.allow_approximate, fastest=fastest),
-                       **fixed} for fastest in (False, True)] + sets
+                       **fixed} for fastest in first_fastest] + sets
         sets = []
         for options in candidates:  # each distinct set once, blocks rebuilt whole first
             if all({**first, **options} != {**first, **other} for other in sets):
