@@ -353,11 +353,13 @@ def rotor_schedule(problem: Problem, chain: Chain, starts: list[int], plan: list
 
 
 ROTOR_POINTS = 16  # memory levels of Rotor's frontier turned into schedules and replayed
+ROTOR_RERUNS = 4  # block reruns per block, on average, beyond which a plan of Rotor's is left out: it would
+# cost several steps' time, and at 80 layers minutes to replay (its backward grows as the square of depth)
 
 
 def rotor_schedules(problem: Problem, chain: Chain, checkpointed: Schedule, replay: Replay) -> list[Schedule]:
-    """Rotor's schedules on the chain, from the least memory it runs in to keeping everything. The blocks'
-    working memory and the tail's are read off `replay`, the replay of per-block checkpointing
+    """Rotor's schedules on the chain, from the least memory it runs in (within ROTOR_RERUNS) to keeping
+    everything. The blocks' working memory and the tail's are read off `replay`, the replay of per-block checkpointing
     (`checkpointed`): at the tail's backward it holds every block's output, at block k's the outputs
     of the k blocks before it and the block's own tensors."""
     starts = _backward_starts(problem, chain)
@@ -386,10 +388,15 @@ def rotor_schedules(problem: Problem, chain: Chain, checkpointed: Schedule, repl
                   default=0)
     unit = max(1, (n * (costs.passed + costs.saved) + tail + working) // LEVELS)
     rotor = Rotor(costs, n, unit, working, tail)
-    levels = rotor.units()
-    if len(levels) > ROTOR_POINTS:
-        levels = levels[np.unique(np.linspace(0, len(levels) - 1, ROTOR_POINTS).round().astype(int))]
-    return [rotor_schedule(problem, chain, starts, rotor.plan(int(m))) for m in levels]
+    plans = []
+    for m in reversed(rotor.units()):  # from the most memory down: fewer reruns first
+        plan = rotor.plan(int(m))
+        if sum(action == "forward" for action, _ in plan) > ROTOR_RERUNS * n:
+            break
+        plans.insert(0, plan)
+    if len(plans) > ROTOR_POINTS:
+        plans = [plans[i] for i in np.unique(np.linspace(0, len(plans) - 1, ROTOR_POINTS).round().astype(int))]
+    return [rotor_schedule(problem, chain, starts, plan) for plan in plans]
 
 
 @dataclass(frozen=True)
