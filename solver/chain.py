@@ -421,10 +421,12 @@ def chain_schedules(problem: Problem, budget: int | None = None,
     checkpointing; selective checkpointing, and (with a `budget`) with the most blocks keeping everything
     that fits it; Chen's segments of 2 to 2 sqrt(n) blocks; and Rotor's schedules on the longest chain,
     and on its blocks' halves (the other chains keeping everything). Past time.perf_counter() `until`,
-    the option sets after the first are left out."""
+    the option sets after the first are left out once a schedule within the `budget` is found (or, for
+    no budget, at once): a budget that only another set meets is never refused for want of time."""
     found, blocks, checkpointed = [], 0, None
     for index, options in enumerate(option_sets):
-        if index and until is not None and time.perf_counter() > until:
+        if index and until is not None and time.perf_counter() > until and (
+                budget is None or any(replay.peak <= budget for _, replay in found)):
             break
         plain = problem.resolve(options)
         chains = find_chains(plain)
