@@ -402,12 +402,16 @@ def rotor_schedules(problem: Problem, chain: Chain, checkpointed: Schedule, repl
 @dataclass(frozen=True)
 class Chained:
     """The chain's schedules of a problem (`schedules`: the frontier of peak and step time, by rising
-    peak, each with its replay), the number of blocks of its longest chain (0: none), and per-block
-    checkpointing with its replay (None without a chain)."""
+    peak, each with its replay), the number of blocks of its longest chain (0: none), per-block
+    checkpointing with its replay (None without a chain), and per-block checkpointing of the chains'
+    blocks alone (`blockwise`, the ops around them keeping all: what a rerun horizon must admit for the
+    ILP to reach per-block checkpointing's memory; a CNN's stem rebuilt too would not be admitted, though
+    the ILP reaches lower peaks there)."""
 
     schedules: tuple[tuple[Schedule, Replay], ...] = ()
     blocks: int = 0
     checkpointed: tuple[Schedule, Replay] | None = None
+    blockwise: Schedule | None = None
 
     def within(self, budget: int) -> list[tuple[Schedule, Replay]]:
         return [pair for pair in self.schedules if pair[1].peak <= budget]
@@ -423,7 +427,7 @@ def chain_schedules(problem: Problem, budget: int | None = None,
     and on its blocks' halves (the other chains keeping everything). Past time.perf_counter() `until`,
     the option sets after the first are left out once a schedule within the `budget` is found (or, for
     no budget, at once): a budget that only another set meets is never refused for want of time."""
-    found, blocks, checkpointed = [], 0, None
+    found, blocks, checkpointed, blockwise = [], 0, None, None
     for index, options in enumerate(option_sets):
         if index and until is not None and time.perf_counter() > until and (
                 budget is None or any(replay.peak <= budget for _, replay in found)):
@@ -433,6 +437,9 @@ def chain_schedules(problem: Problem, budget: int | None = None,
         if not chains:
             continue
         whole = covering(chains)
+        if blockwise is None:
+            blockwise = per_block(plain, Chain(tuple(sorted(b for chain in chains for b in chain.blocks))))
+            blockwise = blockwise.remap(plain, problem, options)
 
         def replayed(schedule: Schedule, plain=plain, options=options) -> tuple[Schedule, Replay]:
             schedule = schedule.remap(plain, problem, options)
@@ -463,7 +470,7 @@ def chain_schedules(problem: Problem, budget: int | None = None,
                     low = middle
                 else:
                     high = middle - 1
-    return Chained(tuple(frontier(found)), blocks, checkpointed)
+    return Chained(tuple(frontier(found)), blocks, checkpointed, blockwise)
 
 
 def covering(chains: list[Chain]) -> Chain:

@@ -228,8 +228,8 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
                 else simulate(problem, baseline))
     workers = settings.workers - 1
     chained = _chained(problem, budget, settings, progress, began + CHAIN_SHARE * settings.time_limit)
-    searching = settings.but(time_limit=max(1.0, settings.time_limit * (1 - settings.polish)
-                                            - (time.perf_counter() - began)))
+    spent = time.perf_counter() - began if chained.checkpointed is not None else 0.0  # the chain's time comes off
+    searching = settings.but(time_limit=max(1.0, settings.time_limit * (1 - settings.polish) - spent))
     beyond = _beyond_horizon(problem, settings, chained)
     if beyond and budget < chained.schedules[0][1].peak:
         least = chained.schedules[0]
@@ -282,17 +282,18 @@ def _chained(problem: Problem, budget: int | None, settings: SolveSettings, prog
 
 
 def _beyond_horizon(problem: Problem, settings: SolveSettings, chained: Chained) -> bool:
-    """Whether the problem is a chain of blocks whose per-block checkpointing no rerun horizon of `settings`
-    poses ("auto": auto_horizon's): a rebuilt block's tensors live through the block's whole backward, so
-    at and below per-block checkpointing's peak the formulations find little or nothing (a 16-layer Llama:
-    least 24.6 MiB with reruns at most 10 stages ahead, 11.2 MiB on the chain) in more than their time
-    limit (finding a heuristic start alone took 25 s at 32 layers). There the chain's schedules stand alone."""
+    """Whether the problem is a chain of blocks whose per-block checkpointing (of the blocks alone,
+    Chained.blockwise) no rerun horizon of `settings` poses ("auto": auto_horizon's): a rebuilt block's
+    tensors live through the block's whole backward, so at and below per-block checkpointing's peak the
+    formulations find little or nothing (a 16-layer Llama: least 24.6 MiB with reruns at most 10 stages
+    ahead, 11.2 MiB on the chain) in more than their time limit (finding a heuristic start alone took 25 s
+    at 32 layers). There the chain's schedules stand alone."""
     if chained.checkpointed is None:
         return False
     horizons = settings.horizon if isinstance(settings.horizon, (list, tuple)) else [settings.horizon]
     for horizon in horizons:
         horizon = auto_horizon(problem) if horizon == "auto" else horizon
-        if horizon is None or Stages(problem, horizon).admits(chained.checkpointed[0]):
+        if horizon is None or Stages(problem, horizon).admits(chained.blockwise):
             return False
     return True
 

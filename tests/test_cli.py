@@ -39,7 +39,8 @@ def test_ablation_compares_with_checkpointing_alone(tmp_path, capsys):
     assert code == 0, out
     assert "joint" in out and "checkpointing alone" in out
     options = json.loads(path.read_text())["schedule"]["options"]
-    assert options and set(options.values()) <= {"bits", "mask", "in"}  # packed dropout or ReLU masks, ReLUs in place
+    # packed dropout or ReLU masks, ReLUs in place, or dropout replayed (a chain schedule over the MLP's layers)
+    assert options and set(options.values()) <= {"bits", "mask", "in", "replay"}
     code, out, _ = run(capsys, "inspect", str(path))
     assert f"run otherwise than PyTorch: {len(options)} ops: " in out
     code, _, err = run(capsys, "solve", "factories:small_mlp", "--input-shape", "1024,32", "--budget", "60%",

@@ -120,5 +120,5 @@ def test_dropout_and_attention_under_autocast_give_eager_autocasts_gradients():
 
 
 def test_an_autocast_dtype_autocast_cannot_run_is_refused_before_tracing():
-    with pytest.raises(ValueError, match=r"autocast='int8': use one of bfloat16, float16, or None"):
+    with pytest.raises(ValueError, match=r"autocast='int8': use one of torch.bfloat16, torch.float16 \(or its name"):
         monet.solve(KeywordNet(), keyword_inputs(), "100%", autocast="int8")
