@@ -44,6 +44,7 @@ from .cudnn_batch_norm import match_eager_batch_norm
 from .dropout_scale import match_eager_dropout
 from .example import Example
 from .pieces import compile_in_pieces
+from .rnn import traced_as_trained
 
 
 class TraceError(MonetError, RuntimeError):
@@ -87,7 +88,8 @@ class TracedStep:
         was_training = model.training
         model.train()
         try:
-            with _compiling(), _autocast_forward(model, self.device, autocast), _loss_only(model) as loss_only:
+            with _compiling(), traced_as_trained(), _autocast_forward(model, self.device, autocast), \
+                    _loss_only(model) as loss_only:
                 self._joint = aot_export_joint_with_descriptors(self._stack, model, self.example.args,
                                                                 self.example.kwargs)
             self.loss_only = bool(loss_only)

@@ -417,8 +417,8 @@ class Chained:
         return [pair for pair in self.schedules if pair[1].peak <= budget]
 
 
-def chain_schedules(problem: Problem, budget: int | None = None,
-                    option_sets: list[dict[str, str]] = ({},), until: float | None = None) -> Chained:
+def chain_schedules(problem: Problem, budget: int | None = None, option_sets: list[dict[str, str]] = ({},),
+                    until: float | None = None, deadline: float | None = None) -> Chained:
     """The chains' schedules of `problem` (none where it has no chain of repeated blocks), with ops run
     as each of `option_sets` says, on all its chains at once (find_chains: an encoder's and a decoder's
     blocks alike, and the ops before and between them as blocks of their own: `covering`): per-block
@@ -426,9 +426,17 @@ def chain_schedules(problem: Problem, budget: int | None = None,
     that fits it; Chen's segments of 2 to 2 sqrt(n) blocks; and Rotor's schedules on the longest chain,
     and on its blocks' halves (the other chains keeping everything). Past time.perf_counter() `until`,
     the option sets after the first are left out once a schedule within the `budget` is found (or, for
-    no budget, at once): a budget that only another set meets is never refused for want of time."""
+    no budget, at once): a budget that only another set meets is never refused for want of time. Past
+    `deadline`, no more schedules are made but the first set's per-block checkpointing (a chain of many
+    small blocks, an RNN's time steps, makes hundreds, each replayed)."""
     found, blocks, checkpointed, blockwise = [], 0, None, None
+
+    def late() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
     for index, options in enumerate(option_sets):
+        if index and late():
+            break
         if index and until is not None and time.perf_counter() > until and (
                 budget is None or any(replay.peak <= budget for _, replay in found)):
             break
@@ -445,15 +453,10 @@ def chain_schedules(problem: Problem, budget: int | None = None,
             schedule = schedule.remap(plain, problem, options)
             return schedule, simulate(problem, schedule)
 
-        for chain in (chains[0], halves(plain, chains[0])):
-            schedule = per_block(plain, chain)
-            for rotor in rotor_schedules(plain, chain, schedule, simulate(plain, schedule)):
-                with contextlib.suppress(ScheduleError):  # a rerun reads a copy an op outside the blocks overwrote
-                    found.append(replayed(rotor))
         blocks = max(blocks, sum(len(chain) for chain in chains))
-        for length in range(2, int(2 * len(whole) ** 0.5) + 1):
-            found.append(replayed(segments(plain, whole, length)))
         for share in (0.0, *SELECTIVE):
+            if share and late():
+                break
             keep = frozenset().union(*(selected(plain, chain, share) for chain in chains))
             selective = replayed(per_block(plain, whole, 0, keep))
             found.append(selective)
@@ -462,7 +465,7 @@ def chain_schedules(problem: Problem, budget: int | None = None,
             if budget is None or selective[1].peak > budget:
                 continue
             low, high = 0, len(whole)  # the most blocks keeping everything within the budget: peaks grow with them
-            while low < high:
+            while low < high and not late():
                 middle = (low + high + 1) // 2
                 candidate = replayed(per_block(plain, whole, middle, keep))
                 if candidate[1].peak <= budget:
@@ -470,6 +473,17 @@ def chain_schedules(problem: Problem, budget: int | None = None,
                     low = middle
                 else:
                     high = middle - 1
+        for chain in (chains[0], halves(plain, chains[0])):
+            if late():
+                break
+            schedule = per_block(plain, chain)
+            for rotor in rotor_schedules(plain, chain, schedule, simulate(plain, schedule)):
+                with contextlib.suppress(ScheduleError):  # a rerun reads a copy an op outside the blocks overwrote
+                    found.append(replayed(rotor))
+        for length in range(2, int(2 * len(whole) ** 0.5) + 1):
+            if late():
+                break
+            found.append(replayed(segments(plain, whole, length)))
     return Chained(tuple(frontier(found)), blocks, checkpointed, blockwise)
 
 

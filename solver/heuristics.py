@@ -134,6 +134,12 @@ def lean_options(problem: Problem, *, allow_approximate: bool = False) -> dict[s
     return _per_choice(problem, allow_approximate, footprint)
 
 
+def fastest_options(problem: Problem, *, allow_approximate: bool = False) -> dict[str, str]:
+    """Per choice, the option under which its ops run fastest once each: with nothing rerun, the least
+    step time any schedule can have (an op's time depends on its own choice's option alone)."""
+    return _per_choice(problem, allow_approximate, lambda ops, j: sum(op.impl(j).time for op in ops if op.impl(j).runs))
+
+
 def rerun_options(problem: Problem, *, allow_approximate: bool = False) -> dict[str, str]:
     """Per choice, the option under which its forward ops rerun fastest: where reruns are cheap,
     dropping their outputs is what saves memory (a batch norm rerun from its saved statistics,

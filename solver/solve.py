@@ -14,7 +14,8 @@ from .chain import Chained, chain_schedules, find_chain
 from .compact import Compact
 from .formulation import Formulation
 from .general import General
-from .heuristics import Start, fastest_kernels, lean_options, rebuildable_options, rerun_options, warm_starts
+from .heuristics import (Start, fastest_kernels, fastest_options, lean_options, rebuildable_options, rerun_options,
+                         warm_starts)
 from .options import SolveSettings, settings_of
 from .polish import SECONDS, neighbourhood_search
 from .problem import Problem
@@ -30,6 +31,7 @@ START_SHARE = 0.1  # of a solve's time limit: lengthening the horizon for a heur
 START_CAP = 0.25  # of a solve's time limit: the first search for a heuristic start stops past it (on a
 # 32-layer Llama it took 25 s, twice, of a 20 s limit)
 CHAIN_SHARE = 0.1  # of a solve's time limit: the chain's schedules past the first option set's stop past it
+CHAIN_CAP = 0.5  # of a solve's time limit: past it, no more chain schedules (but the first per-block one)
 STALL_SHARE = 1 / 6  # of a ladder rung's share: a rung that finds nothing better for so long stops (a third
 # left MONeT's UNet at 5 GB, 300 s, at 131,434 units; a sixth hands the time to a neighbourhood search sooner)
 STALL_GAP = 0.01  # of the step time: the ladder's last rung stops where it stalls only with its gap above this
@@ -226,20 +228,23 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     baseline = keep_all(problem, _fixed(problem, settings))
     baseline = (baseline, unconstrained if unconstrained is not None and not settings.options
                 else simulate(problem, baseline))
+    kept = _kept(problem, budget, settings, baseline, began)
+    if kept is not None:
+        return kept
     workers = settings.workers - 1
-    chained = _chained(problem, budget, settings, progress, began + CHAIN_SHARE * settings.time_limit)
+    chained = _chained(problem, budget, settings, progress, began)
     spent = time.perf_counter() - began if chained.checkpointed is not None else 0.0  # the chain's time comes off
     searching = settings.but(time_limit=max(1.0, settings.time_limit * (1 - settings.polish) - spent))
     beyond = _beyond_horizon(problem, settings, chained)
-    if beyond and budget < chained.schedules[0][1].peak:
+    given = simulate(problem, start) if start is not None else None
+    if given is not None and given.peak <= budget:  # a budget the start meets is never refused
+        chained = dataclasses.replace(chained, schedules=(*chained.schedules, (start, given)))
+    if beyond and budget < chained.schedules[0][1].peak and not chained.within(budget):
         least = chained.schedules[0]
         raise InfeasibleBudgetError(budget, LeastPeak(least[1].peak, 0, least[0], None, least[1].peak), "chain",
                                     problem.floor)
     if beyond and budget <= chained.checkpointed[1].peak and chained.within(budget):
-        solution = _chain_solution(chained, budget, began)
-        given = simulate(problem, start) if start is not None else None
-        if given is None or given.peak > budget or given.time >= solution.replay.time:
-            return solution
+        return _chain_solution(chained, budget, began)
     chained = chained.within(budget)
     with (Beside(problem, budget, settings, workers, settings.time_limit) if workers
           else contextlib.nullcontext()) as beside:
@@ -258,12 +263,32 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     return solution
 
 
+def _kept(problem: Problem, budget: int, settings: SolveSettings, baseline: tuple[Schedule, Replay],
+          began: float) -> Solution | None:
+    """Keeping everything, each choice at its fastest option (fastest_options), where that fits `budget` and
+    no saved tensor costs time to keep: nothing reruns and no op runs faster, so no schedule is faster
+    (proven, gap 0; no search)."""
+    schedule, replay = baseline
+    if settings.implementations and problem.choices:
+        options = {**fastest_options(problem, allow_approximate=settings.allow_approximate), **_fixed(problem, settings)}
+        try:
+            schedule = keep_all(problem, options)
+            replay = simulate(problem, schedule)
+        except ScheduleError:  # an option that overwrites what keeping everything keeps
+            return None
+    if replay.peak > budget or any(problem.tensors[t].keep_time for t in schedule.saved):
+        return None  # a saved copy that costs time (a compiled forward's) may be faster rerun
+    note = "keeping every tensor, each op in its fastest way, fits the budget: no schedule is faster"
+    return Solution(schedule, replay, budget, "keep-all", "optimal", replay.time, replay.time, 0.0,
+                    time.perf_counter() - began, None, note)
+
+
 def _chained(problem: Problem, budget: int | None, settings: SolveSettings, progress: Progress,
-             until: float | None = None) -> Chained:
+             began: float) -> Chained:
     """The schedules of the problem's chain of repeated blocks (solver/chain.py), with ops run so that
     blocks rebuild whole (rebuildable_options: dropout rerun, fastest, first for a budget; dropout replayed,
     leanest, first for the least peak) and as the heuristics run them (_option_sets); those past the first
-    set only until time.perf_counter() `until`."""
+    set until CHAIN_SHARE of the time limit from time.perf_counter() `began`, and none past CHAIN_CAP."""
     if find_chain(problem) is None:
         return Chained()
     progress("checkpointing the repeated blocks", 0, None, "")
@@ -278,7 +303,8 @@ def _chained(problem: Problem, budget: int | None, settings: SolveSettings, prog
         for options in candidates:  # each distinct set once, blocks rebuilt whole first
             if all({**first, **options} != {**first, **other} for other in sets):
                 sets.append(options)
-    return chain_schedules(problem, budget, sets, until)
+    return chain_schedules(problem, budget, sets, began + CHAIN_SHARE * settings.time_limit,
+                           began + CHAIN_CAP * settings.time_limit)
 
 
 def _beyond_horizon(problem: Problem, settings: SolveSettings, chained: Chained) -> bool:
@@ -299,10 +325,12 @@ def _beyond_horizon(problem: Problem, settings: SolveSettings, chained: Chained)
 
 
 def _chain_solution(chained: Chained, budget: int, began: float) -> Solution:
-    """The fastest of the chain's schedules within `budget`, where _beyond_horizon: the flat ILP is not run."""
+    """The fastest of the chain's schedules (and the start) within `budget`, where _beyond_horizon: the flat
+    ILP is not run."""
     schedule, replay = min(chained.within(budget), key=lambda pair: pair[1].time)
     note = (f"a checkpointing schedule of the model's {chained.blocks} repeated blocks (per-block checkpointing, "
-            "Chen's segments, selective checkpointing or Rotor's dynamic programme over the chain; solver/chain.py): "
+            "Chen's segments, selective checkpointing or Rotor's dynamic programme over the chain; solver/chain.py), "
+            "or the start given where faster: "
             "at or below per-block checkpointing's peak the ILP is not run where its rerun horizon cannot pose "
             "per-block checkpointing, so no bound is claimed")
     return Solution(schedule, replay, budget, "chain", "heuristic", replay.time, 0.0, 1.0 if replay.time > 0 else 0.0,
@@ -835,7 +863,7 @@ def least_peak(problem: Problem, settings: SolveSettings | None = None, *, progr
     began, progress, time_limit = time.perf_counter(), progress or _quiet, settings.time_limit
     unconstrained = simulate(problem, keep_all(problem)) if unconstrained is None else unconstrained
     kind, posed, fixed = _pose(problem, settings)
-    chain = _chained(problem, None, settings, progress) if target is None else Chained()
+    chain = _chained(problem, None, settings, progress, began) if target is None else Chained()
     chained = [(replay.peak, schedule) for schedule, replay in chain.schedules[:1]]
     if _beyond_horizon(problem, settings, chain):  # the formulations' search reaches no lower, nor in time
         return LeastPeak(chained[0][0], 0, chained[0][1], None, chained[0][0])
