@@ -14,8 +14,15 @@ from .chain import Chained, chain_schedules, find_chain
 from .compact import Compact
 from .formulation import Formulation
 from .general import General
-from .heuristics import (Start, fastest_kernels, fastest_options, lean_options, rebuildable_options, rerun_options,
-                         warm_starts)
+from .heuristics import (
+    Start,
+    fastest_kernels,
+    fastest_options,
+    lean_options,
+    rebuildable_options,
+    rerun_options,
+    warm_starts,
+)
 from .options import SolveSettings, settings_of
 from .polish import SECONDS, neighbourhood_search
 from .problem import Problem
@@ -270,7 +277,8 @@ def _kept(problem: Problem, budget: int, settings: SolveSettings, baseline: tupl
     (proven, gap 0; no search)."""
     schedule, replay = baseline
     if settings.implementations and problem.choices:
-        options = {**fastest_options(problem, allow_approximate=settings.allow_approximate), **_fixed(problem, settings)}
+        fastest = fastest_options(problem, allow_approximate=settings.allow_approximate)
+        options = {**fastest, **_fixed(problem, settings)}
         try:
             schedule = keep_all(problem, options)
             replay = simulate(problem, schedule)

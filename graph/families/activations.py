@@ -28,8 +28,8 @@ class _ActivationCodes(BackwardFromCompact):
         problem = analysis.problem
         forward = [problem.ops[r] for r in problem.readers[problem.tensor_named(x).id]
                    if problem.ops[r].target == self.forward_target]
-        if not forward or not tensor_of(analysis, grad):
-            return None
+        if len(forward) != 1 or not tensor_of(analysis, grad):
+            return None  # one input, several activations of it (diffusers' time embedding): each pack would clash
         return Site(self.name, f"{forward[0].name}:backward", (forward[0].name, node.name),
                     (tensor_of(analysis, grad), x), (self.levels,))
 
