@@ -86,7 +86,8 @@ def cost_graph(gm: torch.fx.GraphModule, analysis: GraphAnalysis, feed: Feed, co
     ops = [dataclasses.replace(op, pytorch=dataclasses.replace(op.pytorch, time=times[op.name],
                                                                 workspace=workspace.per_op[op.name]))
            for op in analysis.problem.ops]
-    problem = Problem(analysis.problem.tensors, ops, meta, held=workspace.held)
+    tensors = [dataclasses.replace(t, bytes=workspace.stored.get(t.name, t.bytes)) for t in analysis.problem.tensors]
+    problem = Problem(tensors, ops, meta, held=workspace.held)
     if not implementations:
         return problem
     stage("measuring other ways to run ops", 0, None)

@@ -18,7 +18,7 @@ import operator
 import statistics
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch._functorch._aot_autograd import descriptors as d
@@ -227,6 +227,9 @@ class Workspace:
 
     per_op: dict[str, int]
     held: int = 0
+    # outputs whose storage is larger than their shape (tensor name -> bytes), measured on CPU: PyTorch's
+    # CPU mse_loss returns its 0-dim loss in the buffer of the elementwise losses, which lives as long as it
+    stored: dict[str, int] = field(default_factory=dict)
 
 
 def measure_workspace(analysis: GraphAnalysis, gm: torch.fx.GraphModule, feed: Feed, *,
@@ -238,7 +241,7 @@ def measure_workspace(analysis: GraphAnalysis, gm: torch.fx.GraphModule, feed: F
     with torch.no_grad(), _views_reshaped(gm) if channels_last else contextlib.nullcontext():
         if feed.device.type == "cuda":
             return _workspace_cuda(analysis.problem, gm, values, feed.device)
-        return Workspace(_workspace_cpu(analysis.problem, gm, values, feed.device))
+        return _workspace_cpu(analysis.problem, gm, values, feed.device)
 
 
 @contextlib.contextmanager
@@ -300,9 +303,10 @@ def _release_blas_workspaces(device: torch.device) -> None:
         on_autograd_thread(release, device)
 
 
-def _workspace_cpu(problem: Problem, gm, values: dict, device) -> dict[str, int]:
+def _workspace_cpu(problem: Problem, gm, values: dict, device) -> Workspace:
     ops = {op.name: op for op in problem.ops}
-    new_bytes = {op.name: problem.out_bytes(op) for op in problem.ops}
+    tensors = {t.name: t for t in problem.tensors}
+    stored: dict[str, int] = {}
     result: dict[str, int] = {}
 
     def marked(node, call):
@@ -311,12 +315,21 @@ def _workspace_cpu(problem: Problem, gm, values: dict, device) -> dict[str, int]
         with torch.profiler.record_function(OP_MARK + node.name):
             return call()
 
+    def after(node, args, value):
+        if node.name in ops and node.name in tensors and isinstance(value, torch.Tensor):
+            held = allocation_bytes(value.untyped_storage().nbytes(), "cpu")
+            read = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            if held > tensors[node.name].bytes and value.untyped_storage().data_ptr() not in read:
+                stored[node.name] = held
+
     with DevicePeak(device) as meter:
-        _walk(gm, values, marked)
+        _walk(gm, values, marked, after)
+    new_bytes = {op.name: sum(stored.get(problem.tensors[t].name, problem.tensors[t].bytes) for t in op.outputs)
+                 for op in problem.ops}
     for name, deltas in meter.events.by_region(OP_MARK).items():
         peak, running = 0, 0
         for delta in deltas:
             running += allocation_bytes(delta, "cpu") if delta > 0 else delta
             peak = max(peak, running)
         result[name] = max(0, peak - new_bytes[name])
-    return {name: result.get(name, 0) for name in ops}
+    return Workspace({name: result.get(name, 0) for name in ops}, stored=stored)

@@ -148,3 +148,24 @@ def test_an_infeasible_budget_states_the_least_peak():
     with pytest.raises(InfeasibleBudgetError, match=r"least .*peak.* \(\d+ bytes\).* raise the budget") as info:
         monet.solve(model, shape, "5%", cost_model="analytic", time_limit=10)
     assert info.value.least_peak > info.value.budget
+
+
+class SquaredError(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(256, 256)
+
+    def forward(self, x, target):
+        return F.mse_loss(self.fc(x).relu(), target)
+
+
+def test_a_loss_that_keeps_its_kernels_buffer_is_predicted_as_measured():
+    """PyTorch's CPU mse_loss returns its 0-dim loss in the buffer of the elementwise losses (64 KiB here),
+    which lives as long as the loss: the profile counts the storage, not the shape."""
+    torch.manual_seed(0)
+    model, inputs = SquaredError(), {"x": torch.randn(64, 256), "target": torch.randn(64, 256)}
+    schedule = monet.solve(model, inputs, "100%", cost_model="analytic")
+    wrapped = MONeTWrapper(model, schedule, inputs)
+    with PeakMemory("cpu", resident_bytes(model, *inputs.values())) as meter:
+        wrapped(**inputs).backward()
+    assert schedule.predicted.peak <= meter.peak <= schedule.predicted.peak + 64  # + the caller's loss scalar
