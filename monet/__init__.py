@@ -10,6 +10,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "MONeTWrapper": "monet.wrapper",
+    "WithLoss": "monet.loss",
     "backend": "monet.compiler",
     "MonetError": "monet.errors",
     "ScheduleMismatchError": "monet.runtime",

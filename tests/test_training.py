@@ -169,3 +169,29 @@ def test_a_loss_that_keeps_its_kernels_buffer_is_predicted_as_measured():
     with PeakMemory("cpu", resident_bytes(model, *inputs.values())) as meter:
         wrapped(**inputs).backward()
     assert schedule.predicted.peak <= meter.peak <= schedule.predicted.peak + 64  # + the caller's loss scalar
+
+
+def test_a_loss_outside_the_model_is_scheduled_inside_with_withloss():
+    """The budget covers the traced step: a model returning logits, reduced outside by a sum, peaks as
+    predicted (the output's gradient is counted); cross-entropy outside keeps its log-softmax outside the
+    budget, and monet.WithLoss puts it inside, where the measured peak is the predicted one."""
+    torch.manual_seed(0)
+    vocab = 2048
+    model = torch.nn.Sequential(torch.nn.Embedding(vocab, 64), torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, vocab))
+    ids, targets = torch.randint(0, vocab, (8, 64)), torch.randint(0, vocab, (8, 64))
+    logits = monet.solve(model, ids, "100%", cost_model="analytic")
+    with PeakMemory("cpu", resident_bytes(model, ids)) as meter:
+        out = MONeTWrapper(model, logits, ids)(ids)  # held through the backward, as a training loop holds it
+        out.sum().backward()
+    del out
+    assert logits.predicted.peak <= meter.peak <= logits.predicted.peak + 64
+
+    step = monet.WithLoss(model, lambda out, target: F.cross_entropy(out.flatten(0, 1), target.flatten()))
+    inputs = {"input": ids, "target": targets}
+    schedule = monet.solve(step, inputs, "least", cost_model="analytic", time_limit=5)
+    model.zero_grad(set_to_none=True)
+    with PeakMemory("cpu", resident_bytes(model, ids, targets)) as meter:
+        MONeTWrapper(step, schedule, inputs)(input=ids, target=targets).backward()
+    assert schedule.predicted.peak <= meter.peak <= schedule.predicted.peak + 64
+    assert schedule.predicted.peak < logits.predicted.peak + 2 * ids.numel() * vocab * 4  # below logits + 2 copies
