@@ -26,8 +26,8 @@ setup(
     ],
     extras_require={
         "transformers": ["transformers>=5"],
-        "benchmarks": ["transformers>=5", "monai"],
-        "test": ["pytest", "pytest-xdist>=3", "hypothesis", "transformers>=5", "monai"],
+        "benchmarks": ["transformers>=5", "monai", "einops", "diffusers"],
+        "test": ["pytest", "pytest-xdist>=3", "hypothesis", "transformers>=5", "monai", "einops", "diffusers"],
     },
     entry_points={"console_scripts": ["monet=monet.cli:main"]},
 )
