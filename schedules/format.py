@@ -1,4 +1,5 @@
-"""The schedule file: versioned JSON, validated on load, written atomically.
+"""The schedule file: versioned JSON, validated on load, written atomically, and sealed by a digest of its
+content (an edited prediction or schedule is refused).
 
 A schedule file names the graph it was made for (a fingerprint and the list of
 its ops), the input and device (and the torch.autocast dtype, where it was traced under
@@ -10,6 +11,7 @@ the budget and the prediction, how the solver did, and the decisions: how ops ru
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -26,7 +28,7 @@ from .inputs import INPUT_SCHEMA, Inputs
 from .optimizer import OPTIMIZER_SCHEMA, OptimizerSpec
 
 FORMAT = "monet.schedule"
-VERSION = 1
+VERSION = 2  # 2: sealed by "digest"
 COST_MODELS = ("measured", "analytic")  # how op times were obtained: measured here, or from FLOPs and bytes
 BUNDLED_DIR = Path(__file__).parent
 
@@ -36,10 +38,11 @@ _SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "required": ["format", "version", "model", "input", "device", "budget", "predicted", "solver",
-                 "cost_model", "graph", "schedule"],
+                 "cost_model", "graph", "schedule", "digest"],
     "properties": {
         "format": {"const": FORMAT},
         "version": {"const": VERSION},
+        "digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
         "model": {"type": "string"},
         "input": INPUT_SCHEMA,
         "device": {"enum": list(DEVICES)},
@@ -255,6 +258,10 @@ class ScheduleFile:
                       replay=solution.replay, unconstrained=unconstrained)
 
     def to_dict(self) -> dict:
+        content = self._content()
+        return {**content, "digest": schedule_digest(content)}
+
+    def _content(self) -> dict:
         return {"model": self.model, "input": self.input.to_json(), "device": self.device, "budget": self.budget,
                 "predicted": asdict(self.predicted), "solver": self.solver.to_dict(), "cost_model": self.cost_model,
                 "graph": self.graph.to_dict(), "schedule": self.schedule.to_dict(), "format": self.format,
@@ -276,7 +283,7 @@ class ScheduleFile:
             )
         try:
             jsonschema.validate(data, _SCHEMA)
-            return cls(model=data["model"], input=Inputs.from_json(data["input"]), device=data["device"],
+            made = cls(model=data["model"], input=Inputs.from_json(data["input"]), device=data["device"],
                        budget=data["budget"], predicted=Prediction(**data["predicted"]),
                        solver=SolverRecord.from_dict(data["solver"]), cost_model=data["cost_model"],
                        graph=GraphRecord.from_dict(data["graph"]), schedule=Decisions.from_dict(data["schedule"]),
@@ -288,6 +295,16 @@ class ScheduleFile:
             raise ScheduleFileError(f"{source} is corrupt at {where}: {exc.message}") from None
         except (TypeError, ValueError) as exc:  # a field the schema leaves open, of the wrong kind
             raise ScheduleFileError(f"{source} is corrupt: {exc}") from None
+        if schedule_digest({k: v for k, v in data.items() if k != "digest"}) != data["digest"]:
+            raise ScheduleFileError(f"{source} was changed after monet wrote it: its content does not match its "
+                                    f"digest ({data['digest'][:19]}...); solve the schedule again")
+        return made
+
+
+def schedule_digest(content: dict) -> str:
+    """'sha256:...' of a schedule file's content (all but its digest) as canonical JSON."""
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def bundled_names() -> list[str]:

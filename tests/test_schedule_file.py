@@ -73,3 +73,18 @@ def test_truncated_json_and_missing_files(tmp_path):
         load_schedule(path)
     with pytest.raises(ScheduleFileError, match="not found"):
         load_schedule(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d["predicted"].update(peak=d["predicted"]["peak"] // 2),
+    lambda d: d["schedule"]["backward"].insert(0, "f"),  # a recomputation added
+    lambda d: d.update(budget=d["budget"] + 1),
+])
+def test_an_edited_schedule_file_is_refused(tmp_path, mutate):
+    path = sample().save(tmp_path / "s.json")
+    assert load_schedule(path) == sample()
+    data = json.loads(path.read_text())
+    mutate(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ScheduleFileError, match="changed after monet wrote it"):
+        load_schedule(path)
