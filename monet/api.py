@@ -80,7 +80,8 @@ def solve(model: nn.Module, inputs, budget: str | int | float, settings: SolveSe
     backward passes accumulate gradients before each optimizer step (the later ones run with the
     earlier gradients held).
 
-    `budget` is bytes, a size string ('4GiB'), a percentage of the unconstrained peak ('50%'), or 'least':
+    `budget` is bytes, a size string ('4GiB'), a percentage of the unconstrained peak ('50%') or of its
+    activation memory ('50%act': of the peak above parameters, their gradients, buffers and inputs), or 'least':
     the least peak the search finds within `time_limit`, then the fastest schedule there (in up to
     `time_limit` more).
     With `implementations` the solver also chooses how ops run (ReLU/dropout masks, dropout
@@ -122,8 +123,8 @@ def solve_traced(problem: Problem, budget: str | int | float, model_name: str, s
     if least:
         found = least_peak(problem, settings, progress=progress, unconstrained=unconstrained)
         budget, start = found.found, start if start is not None else found.schedule
-    solution = solve_problem(problem, parse_budget(budget, unconstrained.peak), settings, start=start,
-                             progress=progress, unconstrained=unconstrained)
+    solution = solve_problem(problem, parse_budget(budget, unconstrained.peak, floor=problem.floor), settings,
+                             start=start, progress=progress, unconstrained=unconstrained)
     return ScheduleFile.from_solution(problem, solution, model_name, unconstrained=unconstrained,
                                       implementations=settings.implementations,
                                       approximate_allowed=settings.allow_approximate,

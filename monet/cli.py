@@ -199,7 +199,9 @@ def _parser() -> argparse.ArgumentParser:
     _model_options(solve_p, "solve a problem file from `monet profile` instead of tracing MODEL here (input, "
                    "device and costs are the file's)")
     solve_p.add_argument("--budget", required=True,
-                         help="bytes (4GiB, 512MB), %% of the unconstrained peak, or 'least' (the least peak the "
+                         help="bytes (4GiB, 512MB), %% of the unconstrained peak (50%%), %% of its activation memory "
+                              "(50%%act: of the peak above parameters, gradients, buffers and inputs), or 'least' "
+                              "(the least peak the "
                               "search finds in --time-limit, then the fastest schedule there in as long again)")
     solve_p.add_argument("-o", "--output", required=True, help="schedule file to write (JSON)")
     solve_p.add_argument("--ablation", action="store_true",

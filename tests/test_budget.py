@@ -29,3 +29,24 @@ def test_a_share_above_the_whole_peak_warns_and_keeps_its_bytes():
     with pytest.warns(UserWarning, match="above the unconstrained peak"):
         assert parse_budget("150%", unconstrained_peak=1000) == 1500
 
+
+
+@pytest.mark.parametrize("text", ["50%act", "50% activations", "50 %act"])
+def test_a_share_of_activation_memory_is_of_the_peak_above_the_floor(text):
+    assert parse_budget(text, unconstrained_peak=1000, floor=200) == 600
+    with pytest.raises(ValueError, match="known once the model is traced"):
+        parse_budget(text, unconstrained_peak=1000)
+
+
+def test_solve_takes_a_share_of_activation_memory():
+    import torch
+
+    import monet
+    from monet.models import MLP
+
+    torch.manual_seed(0)
+    schedule = monet.solve(MLP(64, 256, 8), (2048, 64), "80%act", cost_model="analytic", time_limit=5)
+    traced = monet.profile(MLP(64, 256, 8), (2048, 64), cost_model="analytic").problem
+    floor, peak = traced.floor, schedule.predicted.unconstrained_peak
+    assert schedule.budget == floor + int(0.8 * (peak - floor))
+    assert schedule.predicted.peak <= schedule.budget
