@@ -527,6 +527,9 @@ def _print_summary(schedule: ScheduleFile) -> None:
     table.add_row("budget", format_bytes(schedule.budget))
     table.add_row("predicted peak", f"{format_bytes(pred.peak)} ({pred.peak / pred.unconstrained_peak:.0%} "
                                     f"of {format_bytes(pred.unconstrained_peak)} unconstrained)")
+    if pred.activation_share is not None:
+        table.add_row("activation memory", f"{pred.activation_share:.0%} of keeping everything's (the peak above "
+                                           f"{format_bytes(pred.floor)} of parameters, gradients, buffers and inputs)")
     overhead = pred.time / pred.unconstrained_time - 1
     table.add_row("predicted step time", f"{pred.time * 1e3:.1f} ms ({overhead:+.1%})")
     gap = f", within {solver.gap:.2%} of its bound" if solver.gap is not None else ""

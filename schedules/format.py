@@ -53,7 +53,7 @@ _SCHEMA = {
         "predicted": {
             "type": "object", "required": ["peak", "time", "unconstrained_peak", "unconstrained_time"],
             "properties": {k: {"type": "number", "minimum": 0}
-                           for k in ("peak", "time", "unconstrained_peak", "unconstrained_time")},
+                           for k in ("peak", "time", "unconstrained_peak", "unconstrained_time", "floor")},
         },
         "solver": {
             "type": "object", "required": ["formulation", "status"], "additionalProperties": False,
@@ -155,6 +155,14 @@ class Prediction:
     time: float
     unconstrained_peak: int
     unconstrained_time: float
+    floor: int | None = None  # what no schedule frees: parameters, their gradients, buffers and inputs
+
+    @property
+    def activation_share(self) -> float | None:
+        """The peak's part above the floor over keeping everything's: the share of activation memory."""
+        if self.floor is None or self.unconstrained_peak <= self.floor:
+            return None
+        return (self.peak - self.floor) / (self.unconstrained_peak - self.floor)
 
 
 @dataclass(frozen=True)
@@ -241,7 +249,7 @@ class ScheduleFile:
         meta = problem.meta
         return cls(
             model=model, input=Inputs.from_json(meta["input"]), device=meta["device"], budget=budget,
-            predicted=Prediction(replay.peak, replay.time, unconstrained.peak, unconstrained.time),
+            predicted=Prediction(replay.peak, replay.time, unconstrained.peak, unconstrained.time, problem.floor),
             solver=solver, cost_model=meta["cost_model"],
             graph=GraphRecord(meta["fingerprint"], tuple((op.name, op.target, op.phase) for op in problem.ops),
                               tuple(sorted({t.dtype for t in problem.tensors if t.role == "param" and t.dtype}))),
@@ -262,8 +270,9 @@ class ScheduleFile:
         return {**content, "digest": schedule_digest(content)}
 
     def _content(self) -> dict:
+        predicted = {k: v for k, v in asdict(self.predicted).items() if v is not None}
         return {"model": self.model, "input": self.input.to_json(), "device": self.device, "budget": self.budget,
-                "predicted": asdict(self.predicted), "solver": self.solver.to_dict(), "cost_model": self.cost_model,
+                "predicted": predicted, "solver": self.solver.to_dict(), "cost_model": self.cost_model,
                 "graph": self.graph.to_dict(), "schedule": self.schedule.to_dict(), "format": self.format,
                 "version": self.version, **({"autocast": self.autocast} if self.autocast else {}),
                 **({"optimizer": self.optimizer.to_dict()} if self.optimizer else {}),

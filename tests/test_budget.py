@@ -38,10 +38,11 @@ def test_a_share_of_activation_memory_is_of_the_peak_above_the_floor(text):
         parse_budget(text, unconstrained_peak=1000)
 
 
-def test_solve_takes_a_share_of_activation_memory():
+def test_solve_takes_a_share_of_activation_memory_and_inspect_shows_it(tmp_path, capsys):
     import torch
 
     import monet
+    from monet.cli import main
     from monet.models import MLP
 
     torch.manual_seed(0)
@@ -50,3 +51,9 @@ def test_solve_takes_a_share_of_activation_memory():
     floor, peak = traced.floor, schedule.predicted.unconstrained_peak
     assert schedule.budget == floor + int(0.8 * (peak - floor))
     assert schedule.predicted.peak <= schedule.budget
+    assert schedule.predicted.floor == floor
+    share = (schedule.predicted.peak - floor) / (peak - floor)
+    assert schedule.predicted.activation_share == pytest.approx(share) and share <= 0.8
+    assert main(["inspect", str(schedule.save(tmp_path / "s.json"))]) == 0
+    shown = capsys.readouterr().out
+    assert "activation memory" in shown and f"{share:.0%} of keeping everything's" in shown
