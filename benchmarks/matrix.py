@@ -16,6 +16,7 @@ step times against eager and torch.compile.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import platform
@@ -408,18 +409,10 @@ def step(module: nn.Module, model: nn.Module, inputs: dict | tuple, autocast: st
     model.zero_grad(set_to_none=True)
     torch.manual_seed(2)
     with PeakMemory("cpu", resident_bytes(model, *_tensors(inputs))) as meter:
-        with torch.autocast("cpu", getattr(torch, autocast)) if autocast else _nothing():
+        with torch.autocast("cpu", getattr(torch, autocast)) if autocast else contextlib.nullcontext():
             loss = module(**inputs) if isinstance(inputs, dict) else module(*inputs)
         loss.backward()
     return meter.peak, loss.detach(), [None if p.grad is None else p.grad.clone() for p in model.parameters()]
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
