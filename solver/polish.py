@@ -10,8 +10,9 @@ choices at once, with the reruns that serve them (MONeT's UNet at 9 GB, from one
 114,036 units so, 114,500 with each choice held unless its ops were freed). HiGHS solves that
 small ILP in seconds; the simulator keeps its schedule when it replays faster within the budget.
 Fresh random pieces follow until the time is spent, larger after a piece that HiGHS proved holds
-nothing better, smaller after one it could not finish (adaptive, as such searches usually are).
-It proves no bound: the caller states one.
+nothing better or admits no schedule at all (what it holds fixed must be freed), smaller after one it
+could not finish (adaptive, as such searches usually are). The search ends early where a piece that
+frees every op is proven: nothing is left to find. It proves no bound otherwise: the caller states one.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from .schedule import Schedule
 from .simulate import Replay, simulate
 
 SHARE = 0.3  # of the forward ops, whose decisions the first neighbourhood frees
-SHARES = (0.1, 0.9)  # the least and the most share a neighbourhood frees
-GROW = 1.1  # the share's factor up after a piece proven to hold nothing better, down after one that ran out of time
+SHARES = (0.1, 1.0)  # the least and the most share a neighbourhood frees
+GROW = 1.1  # the share's factor up after a piece proven to hold nothing better (or nothing), down after one
+# that ran out of time
 SECONDS = 10.0  # at most, HiGHS's time on one neighbourhood
 PATIENCE = 3  # pieces without a faster schedule after which the search takes a faster one handed over
 
@@ -78,7 +80,10 @@ def neighbourhood_search(formulation: General, start: Schedule, budget: int, unt
                 values = formulation.warm_from(schedule) or values
                 improved(schedule, replay)
         stalled = 0 if better else stalled + 1
+        proven = result.status in ("optimal", "infeasible")
         if not better:
-            share = min(SHARES[1], share * GROW) if result.status == "optimal" else max(SHARES[0], share / GROW)
+            share = min(SHARES[1], share * GROW) if proven else max(SHARES[0], share / GROW)
         report(best, tried)
+        if proven and not held and handed is None:
+            break  # the whole formulation, solved: no schedule of it is faster
     return found

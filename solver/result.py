@@ -28,13 +28,19 @@ class LeastPeak:
 
 
 class InfeasibleBudgetError(MonetError, ValueError):
-    """The budget is below the least peak any schedule of this formulation reaches."""
+    """The budget is below the least peak any schedule of this formulation reaches. `least_peak` is the
+    least peak found, or None where no search ran: the budget is below what every schedule holds."""
 
-    def __init__(self, budget: int, least: LeastPeak, formulation: str, floor: int | None = None):
-        """`floor`: the bytes no schedule frees (Problem.floor), which the message names as part of the peak."""
+    def __init__(self, budget: int, least: LeastPeak | None, formulation: str, floor: int | None = None,
+                 update_peak: int | None = None):
+        """`floor`: the bytes no schedule frees (Problem.floor), which the message names as part of the peak;
+        `least` None: `budget` is below `floor` or the optimizer step's peak (`update_peak`), said at once."""
         self.budget = budget
-        self.least_peak = least.found
+        self.least_peak = None if least is None else least.found
         self.floor = floor
+        if least is None:
+            super().__init__(_below_held(budget, floor or 0, update_peak))
+            return
         within = "" if least.horizon is None else f" with reruns at most {least.horizon} stages ahead of their use"
         if least.found <= least.bound:
             detail = f"is below the least feasible peak {format_bytes(least.found)} ({least.found} bytes){within}"
@@ -50,12 +56,22 @@ class InfeasibleBudgetError(MonetError, ValueError):
         if floor:
             held = (f" (of it, {format_bytes(floor)} is parameters, their gradients, buffers and inputs, which no "
                     "schedule frees)")
-        message = f"budget {format_bytes(budget)} {detail}{held}; raise the budget to at least that{sure}"
+        message = f"budget {format_bytes(budget)} {detail}{held}; raise the budget to at least {format_bytes(least.found)}{sure}"
         if formulation == "compact":  # settings that may reach a lower peak
             message += " or try `formulation='general'`, which recomputes more than once"
             if least.horizon is not None:
                 message += ", or a longer `horizon`"
         super().__init__(message)
+
+
+def _below_held(budget: int, floor: int, update_peak: int | None) -> str:
+    held = f"{format_bytes(floor)} of parameters, their gradients, buffers and inputs, which no schedule frees"
+    lower = floor
+    if update_peak is not None and update_peak > floor:
+        held += f", and the optimizer's step peaks at {format_bytes(update_peak)} under any schedule"
+        lower = update_peak
+    return (f"budget {format_bytes(budget)} is below what every schedule holds: {held}; raise the budget above "
+            f"{format_bytes(lower)} ({lower} bytes), or ask for budget 'least' to find the least peak")
 
 
 class SolverFailedError(MonetError, RuntimeError):

@@ -219,7 +219,8 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     of it; its schedule replays over the budget or at another step time than it priced; its bound
     exceeds a solution it accepted), the solution says so in `warnings` and is not "optimal" (a
     schedule over the budget is never returned). Raises InfeasibleBudgetError (stating
-    the least peak) when no schedule of the formulation fits, and SolverFailedError when time runs
+    the least peak; at once, before any search, where the budget is below what every schedule holds) when no
+    schedule of the formulation fits, and SolverFailedError when time runs
     out before any schedule is found (stating the least peak found, a budget from which a schedule
     is sure, and that more time may help; finding these takes up to another `time_limit`).
     With `workers` > 1, neighbourhood searches run beside the search in processes of their own for the
@@ -232,6 +233,8 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     Ctrl-C (KeyboardInterrupt) stops the solver within a second.
     """
     settings, began, progress = settings_of(settings, **changes), time.perf_counter(), progress or _quiet
+    if budget < max(problem.floor, problem.update_peak or 0):  # known without a search
+        raise InfeasibleBudgetError(budget, None, settings.formulation, problem.floor, problem.update_peak)
     baseline = keep_all(problem, _fixed(problem, settings))
     baseline = (baseline, unconstrained if unconstrained is not None and not settings.options
                 else simulate(problem, baseline))

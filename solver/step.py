@@ -55,6 +55,8 @@ def solve_step(stacked: Stacked, budget: int, settings: SolveSettings | None = N
         try:
             solution = solve(step.problem, target, settings, progress=progress)
         except InfeasibleBudgetError as exc:
+            if exc.least_peak is None:  # below what every schedule holds, and FSDP2 gathers two blocks on top
+                raise InfeasibleBudgetError(budget, None, settings.formulation, exc.floor + margin) from None
             least = LeastPeak(exc.least_peak + budget - target, 0)  # the ILP's least, with the margin back
             raise InfeasibleBudgetError(budget, least, settings.formulation, exc.floor) from None
         own = tuple(step.split(solution.schedule))

@@ -19,7 +19,7 @@ from conftest import (
 import monet
 from monet import InputSpec, PeakMemory, resident_bytes
 
-FAST = {"cost_model": "analytic", "time_limit": 20, "gap": 0.05, "progress": False}  # gap: tests that need no optimum
+FAST = {"cost_model": "analytic", "time_limit": 8, "gap": 0.05, "progress": False}  # gap: tests that need no optimum
 
 
 def _peak(module, model, x):

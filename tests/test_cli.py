@@ -21,7 +21,7 @@ def run(capsys, *argv):
 def test_solve_then_inspect(tmp_path, capsys):
     path = tmp_path / "mlp.json"
     code, out, _ = run(capsys, "solve", "factories:small_mlp", "--input-shape", "1024,32", "--budget", "60%",
-                       "-o", str(path), "--cost-model", "analytic", "--time-limit", "30")
+                       "-o", str(path), "--cost-model", "analytic", "--time-limit", "10")
     assert code == 0, out
     data = json.loads(path.read_text())
     assert data["format"] == "monet.schedule" and data["input"]["shape"] == [1024, 32]
@@ -35,7 +35,7 @@ def test_solve_then_inspect(tmp_path, capsys):
 def test_ablation_compares_with_checkpointing_alone(tmp_path, capsys):
     path = tmp_path / "mlp.json"
     code, out, _ = run(capsys, "solve", "factories:small_mlp", "--input-shape", "1024,32", "--budget", "60%",
-                       "-o", str(path), "--cost-model", "analytic", "--time-limit", "20", "--ablation")
+                       "-o", str(path), "--cost-model", "analytic", "--time-limit", "8", "--ablation")
     assert code == 0, out
     assert "joint" in out and "checkpointing alone" in out
     options = json.loads(path.read_text())["schedule"]["options"]

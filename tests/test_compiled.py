@@ -33,7 +33,7 @@ def test_compiled_cnn_trains_like_eager_and_keeps_the_saving():
     problem = monet.profile(copy.deepcopy(model), shape, cost_model="analytic").problem
     forced = {c.name: option for c in problem.choices for option in ("mask", "offsets", "stats") if option in c.options}
     forced |= {c.name: "out" for c in problem.choices if "in" in c.options}  # compiled, ReLUs run out of place
-    schedule = monet.solve_problem_file(monet.ProblemFile(problem, True), "50%", time_limit=30, gap=0.02,
+    schedule = monet.solve_problem_file(monet.ProblemFile(problem, True), "50%", time_limit=10, gap=0.02,
                                         options=forced)
     assert set(schedule.schedule.options.values()) == {"mask", "offsets", "stats"}
     wrapped = MONeTWrapper(model, schedule, shape, compile=True)
@@ -41,7 +41,7 @@ def test_compiled_cnn_trains_like_eager_and_keeps_the_saving():
     errors_within_rounding(errors, inductor_rounding("cnn", wrapped.spec.single))
 
     x = small_batch("cnn")
-    keep_all = monet.solve(copy.deepcopy(reference), shape, "100%", cost_model="analytic", time_limit=30, gap=0.02)
+    keep_all = monet.solve(copy.deepcopy(reference), shape, "100%", cost_model="analytic", time_limit=10, gap=0.02)
     half = _compiled_peak(wrapped, x)
     full = _compiled_peak(MONeTWrapper(copy.deepcopy(reference), keep_all, shape, compile=True), x)
     assert half <= 0.56 * full, (half, full)
@@ -62,7 +62,7 @@ def test_the_compiled_backward_frees_as_the_schedule_does(monkeypatch):
     torch.manual_seed(0)
     model, shape = monet.models.ResidualCNN(), (16, 3, 64, 64)
     x = torch.randn(shape)
-    schedule = monet.solve(copy.deepcopy(model), shape, "45%", cost_model="analytic", time_limit=30, gap=0.02)
+    schedule = monet.solve(copy.deepcopy(model), shape, "45%", cost_model="analytic", time_limit=10, gap=0.02)
     assert schedule.predicted.time > schedule.predicted.unconstrained_time, "the schedule should recompute"
     pieces = _compiled_peak(MONeTWrapper(copy.deepcopy(model), schedule, shape, compile=True), x)
     assert abs(pieces / schedule.predicted.peak - 1) <= 0.03, (pieces, schedule.predicted.peak)
@@ -79,7 +79,7 @@ def test_dropout_replay_is_refused_and_bits_compile_with_eagers_masks():
     problem = monet.profile(copy.deepcopy(model), shape, cost_model="analytic").problem
     replayed = [c.name for c in problem.choices if "replay" in c.options]
     assert replayed, "the transformer's dropouts can replay"
-    schedule = monet.solve_problem_file(monet.ProblemFile(problem, True), "50%", time_limit=30, gap=0.02,
+    schedule = monet.solve_problem_file(monet.ProblemFile(problem, True), "50%", time_limit=10, gap=0.02,
                                         options=dict.fromkeys(replayed, "replay"))
     assert set(schedule.schedule.options.values()) >= {"replay"}
     with pytest.raises(ScheduleMismatchError, match="cannot run under Inductor: .*replay.*compile=False"):

@@ -111,7 +111,7 @@ def ranks(tmp_path_factory):
     model = MLP(**MODEL)
     gen = torch.Generator().manual_seed(1)
     batches = [torch.randn(BATCH, FEATURES, generator=gen) for _ in range(2)]
-    schedule = monet.solve(copy.deepcopy(model), SHARD, "50%", cost_model="analytic", time_limit=20)
+    schedule = monet.solve(copy.deepcopy(model), SHARD, "50%", cost_model="analytic", time_limit=10)
     folder = tmp_path_factory.mktemp("ddp")
     schedule_file = folder / "mlp.json"
     schedule.save(schedule_file)

@@ -52,7 +52,7 @@ def test_each_exact_option_trains_like_pytorch(option):
     model, shape, problem = traced(name)
     forced = forcing(problem, option)
     reference = copy.deepcopy(model)
-    schedule = solve_traced(problem, "70%", type(model).__name__, options=forced, time_limit=30)
+    schedule = solve_traced(problem, "70%", type(model).__name__, options=forced, time_limit=10)
     def changed(options):
         return {c: o for c, o in options.items() if o != problem.choice_named[c].options[0]}
     assert changed(schedule.schedule.options) == changed(forced) != {}
@@ -65,7 +65,7 @@ def test_each_exact_option_trains_like_pytorch(option):
 def test_distilbert_trains_like_pytorch_with_packed_dropout_masks():
     model, shape, problem = traced("distilbert")
     reference = copy.deepcopy(model)
-    schedule = solve_traced(problem, "60%", type(model).__name__, options=forcing(problem, "bits"), time_limit=30)
+    schedule = solve_traced(problem, "60%", type(model).__name__, options=forcing(problem, "bits"), time_limit=10)
     assert schedule.predicted.peak <= schedule.budget
     wrapped = MONeTWrapper(model, schedule, shape)
     assert kernels.dropout_backward_from_mask in targets(wrapped.graphs["backward"])
@@ -84,7 +84,7 @@ def test_analytic_costs_keep_the_byte_dropout_masks_where_memory_is_to_spare():
     problem = trace_problem(Transformer(dim=128, depth=2), InputSpec(shape), cost_model="analytic")
     dropouts = [c for c in problem.choices if "bits" in c.options]
     assert dropouts
-    schedule = solve_traced(problem, "100%", "Transformer", time_limit=30)
+    schedule = solve_traced(problem, "100%", "Transformer", time_limit=10)
     assert {schedule.schedule.options.get(c.name, c.options[0]) for c in dropouts} == {"bytes"}
 
 
@@ -97,7 +97,7 @@ def test_approximate_activation_codes_only_when_allowed_and_their_error_is_repor
     exact = solve_traced(problem, "60%", "Transformer", time_limit=10)
     assert "2bit" not in exact.schedule.options.values() and exact.schedule.approximate == {}
     with pytest.raises(ValueError, match="changes gradients"):
-        solve_traced(problem, "60%", "Transformer", options=forcing(problem, "2bit"), time_limit=30)
+        solve_traced(problem, "60%", "Transformer", options=forcing(problem, "2bit"), time_limit=10)
     approx = solve_traced(problem, "60%", "Transformer", options=forcing(problem, "2bit"),
                           allow_approximate=True, time_limit=10)
     assert approx.solver.approximate_allowed
@@ -116,7 +116,7 @@ def test_batch_norm_from_output_is_approximate_and_close_on_a_fresh_model():
     norms = [c for c in problem.choices if c.approximate == ("output",)]
     assert norms and all(0 <= c.error("output") < 1e-5 for c in norms)
     forced = forcing(problem, "output")
-    schedule = solve_traced(problem, "70%", "ResidualCNN", options=forced, allow_approximate=True, time_limit=30)
+    schedule = solve_traced(problem, "70%", "ResidualCNN", options=forced, allow_approximate=True, time_limit=10)
     assert set(schedule.schedule.approximate) == {c.name for c in norms}
     wrapped = MONeTWrapper(model, schedule, shape)
     assert kernels.batch_norm_backward_from_output in targets(wrapped.graphs["backward"])
@@ -130,10 +130,10 @@ def test_other_convolution_algorithms_are_approximate_with_their_error_measured(
     if not convs:
         pytest.skip("one convolution implementation on this machine")
     assert all(c.approximate == c.options[1:] and 0 <= c.error(c.options[1]) < 1e-4 for c in convs)
-    schedule = solve_traced(problem, "100%", "ResidualCNN", time_limit=30)
+    schedule = solve_traced(problem, "100%", "ResidualCNN", time_limit=10)
     assert all(schedule.schedule.options.get(c.name, c.options[0]) == c.options[0] for c in convs)
     approx = solve_traced(problem, "100%", "ResidualCNN", options=forcing(problem, convs[0].options[1]),
-                          allow_approximate=True, time_limit=30)
+                          allow_approximate=True, time_limit=10)
     assert set(approx.schedule.approximate) == {c.name for c in convs}
     wrapped = MONeTWrapper(model, approx, shape)
     assert kernels.convolution_backward_native in targets(wrapped.graphs["backward"])
@@ -143,11 +143,11 @@ def test_other_convolution_algorithms_are_approximate_with_their_error_measured(
 
 def test_joint_choice_is_never_slower_than_checkpointing_and_runs_within_budget():
     model, shape, problem = traced("cnn")
-    alone = solve_traced(problem, "70%", "ResidualCNN", implementations=False, time_limit=20)
+    alone = solve_traced(problem, "70%", "ResidualCNN", implementations=False, time_limit=10)
     # Started from checkpointing's schedule, as the joint search starts from its own (a third of
     # the time limit): an independent joint solve is no slower only when both reach their optimum
     # in time, which a loaded machine does not promise (5.61 against 5.45 ms seen once).
-    joint = solve_traced(problem, "70%", "ResidualCNN", time_limit=20, start=alone)
+    joint = solve_traced(problem, "70%", "ResidualCNN", time_limit=10, start=alone)
     assert all(o == problem.choice_named[c].options[0] for c, o in alone.schedule.options.items())
     assert joint.predicted.time <= alone.predicted.time * (1 + 1e-4) + 1e-9
     assert_peak_as_predicted(model, MONeTWrapper(model, joint, shape), joint)
@@ -182,12 +182,12 @@ def test_dropout_reruns_from_its_saved_generator_state_below_checkpointings_leas
     model, shape, problem = traced("distilbert")
     # Checkpointing alone's least peak is proven in about 9 s here; the joint search spends a third of its
     # time on it first, then from it found 2,173,866 against 2,253,867 bytes in 30 s (23 bytes less in 20 s).
-    joint, alone = least_peak(problem, time_limit=30), least_peak(problem, implementations=False, time_limit=12)
+    joint, alone = least_peak(problem, time_limit=10), least_peak(problem, implementations=False, time_limit=12)
     assert joint.found < alone.found  # dropout outputs (attention probabilities) need not be kept
     budget = (joint.found + alone.found) // 2
     with pytest.raises(InfeasibleBudgetError):
-        solve_traced(problem, budget, "DistilBertQA", implementations=False, time_limit=20)
-    schedule = solve_traced(problem, budget, "DistilBertQA", time_limit=30)
+        solve_traced(problem, budget, "DistilBertQA", implementations=False, time_limit=10)
+    schedule = solve_traced(problem, budget, "DistilBertQA", time_limit=10)
     forward = {name for name, target, phase in schedule.graph.ops if target == "aten.native_dropout.default"}
     rerun = [name for name in schedule.schedule.backward if name in forward]
     assert rerun and all(schedule.schedule.options[f"{name}:mask"] == "replay" for name in rerun)
@@ -211,7 +211,7 @@ def test_relu_in_place_trains_like_pytorch_within_its_predicted_peak():
     assert offered and len(offered) <= len(relus)
     forced = forcing(problem, "in")
     reference = copy.deepcopy(model)
-    schedule = solve_traced(problem, "60%", "ResidualCNN", options=forced, time_limit=30)
+    schedule = solve_traced(problem, "60%", "ResidualCNN", options=forced, time_limit=10)
     assert all(schedule.schedule.options[c] == "in" for c in offered)
     wrapped = MONeTWrapper(model, schedule, shape)
     assert torch.ops.aten.relu_.default in targets(wrapped.graphs["forward"])

@@ -23,7 +23,7 @@ def test_keyword_inputs_train_like_pytorch_within_the_predicted_peak():
     torch.manual_seed(0)
     model, inputs = KeywordNet(), keyword_inputs()
     reference = copy.deepcopy(model)
-    schedule = monet.solve(model, inputs, "50%", cost_model="analytic", time_limit=20)
+    schedule = monet.solve(model, inputs, "50%", cost_model="analytic", time_limit=8)
     assert schedule.input.kwargs["scale"] == 2.0 and schedule.input.kwargs["labels"] == InputSpec((64,), "int64")
     wrapped = MONeTWrapper(model, schedule, inputs)
     for _ in range(2):  # the first step and a steady one
@@ -110,7 +110,7 @@ def test_distilbert_question_answering_with_its_labels_and_model_output():
               "attention_mask": torch.ones(4, 32, dtype=torch.int64),
               "start_positions": torch.randint(0, 32, (4,), generator=gen),
               "end_positions": torch.randint(0, 32, (4,), generator=gen)}
-    schedule = monet.solve(model, inputs, "85%", cost_model="analytic", time_limit=20)
+    schedule = monet.solve(model, inputs, "85%", cost_model="analytic", time_limit=8)
     assert schedule.predicted.peak < schedule.predicted.unconstrained_peak
     wrapped = MONeTWrapper(model, schedule, inputs)
     torch.manual_seed(2)  # the same dropout masks
@@ -184,7 +184,7 @@ def test_new_sequence_lengths_are_solved_once_and_kept_where_asked(tmp_path, mon
     torch.manual_seed(0)
     model, inputs = KeywordNet(depth=4), keyword_inputs(batch=16, length=32)
     reference = copy.deepcopy(model)
-    schedule = monet.solve(model, inputs, "60%", cost_model="analytic", time_limit=20)
+    schedule = monet.solve(model, inputs, "60%", cost_model="analytic", time_limit=8)
     with pytest.raises(ScheduleMismatchError, match="new_shapes=folder"):
         MONeTWrapper(model, schedule, inputs)(**keyword_inputs(batch=16, length=24))
     wrapped = MONeTWrapper(model, schedule, inputs, new_shapes=tmp_path)

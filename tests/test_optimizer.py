@@ -26,12 +26,12 @@ def test_the_optimizers_state_and_step_count_in_every_solve():
     assert full.timeline[-1] == ("optimizer step", p.update_peak)  # what the backward leaves, and the step
     assert full.peak == max(before.peak + 100, p.update_peak)
     budget = int(0.7 * full.peak)
-    solution = solve(p, budget, time_limit=20)
+    solution = solve(p, budget, time_limit=8)
     assert solution.peak <= budget and solution.replay.peak == simulate(p, solution.schedule).peak
-    least = least_peak(p, time_limit=20).found  # the step's, above the activations' least (601 bytes)
+    least = least_peak(p, time_limit=8).found  # the step's, above the activations' least (601 bytes)
     assert p.update_peak <= least <= p.update_peak + 1  # (the ILP's 1e-5 slack, rounded up to a byte)
     with pytest.raises(InfeasibleBudgetError):
-        solve(p, p.update_peak - 1, time_limit=20)
+        solve(p, p.update_peak - 1, time_limit=8)
 
 
 @pytest.mark.parametrize("optimizer, micro_batches", [("adam", 1), ("sgd", 1), ("adamw", 2)])
@@ -40,7 +40,7 @@ def test_a_whole_step_measures_its_predicted_peak_and_trains_like_pytorch(optimi
     model, inputs = KeywordNet(width=128), keyword_inputs()
     reference = copy.deepcopy(model)
     schedule = monet.solve(model, inputs, "60%", optimizer=optimizer, micro_batches=micro_batches,
-                           cost_model="analytic", time_limit=20)
+                           cost_model="analytic", time_limit=8)
     assert schedule.optimizer == OptimizerSpec.of(optimizer, micro_batches)
     wrapped = MONeTWrapper(model, schedule, inputs)
     batch = [v for v in inputs.values() if isinstance(v, torch.Tensor)]

@@ -20,7 +20,7 @@ def schedule_for(name, budget, cost_model="analytic"):
     if key not in _SCHEDULES:
         model, shape = small_model(name)
         _SCHEDULES[key] = monet.solve(model, shape, budget, input_requires_grad=True, cost_model=cost_model,
-                                        time_limit=20)  # a schedule, not the optimum: each test checks it runs right
+                                        time_limit=8)  # a schedule, not the optimum: each test checks it runs right
     return _SCHEDULES[key]
 
 

@@ -100,7 +100,7 @@ def whole_step_at_half(factory, autocast=None):
     model, inputs = factory()
     reference = copy.deepcopy(model)
     schedule = monet.solve(copy.deepcopy(model), inputs, "50%", optimizer="adam", autocast=autocast,
-                           cost_model="analytic", time_limit=20 if autocast is None else 40)
+                           cost_model="analytic", time_limit=10 if autocast is None else 20)
     peak, grads = train(MONeTWrapper(model, schedule, inputs), model, inputs)
     eager_peak, expected = train(reference if autocast is None else Autocast(reference, autocast), reference, inputs)
     predicted = schedule.predicted.peak
