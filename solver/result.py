@@ -56,7 +56,8 @@ class InfeasibleBudgetError(MonetError, ValueError):
         if floor:
             held = (f" (of it, {format_bytes(floor)} is parameters, their gradients, buffers and inputs, which no "
                     "schedule frees)")
-        message = f"budget {format_bytes(budget)} {detail}{held}; raise the budget to at least {format_bytes(least.found)}{sure}"
+        raise_to = f"raise the budget to at least {format_bytes(least.found)}"
+        message = f"budget {format_bytes(budget)} {detail}{held}; {raise_to}{sure}"
         if formulation == "compact":  # settings that may reach a lower peak
             message += " or try `formulation='general'`, which recomputes more than once"
             if least.horizon is not None:
