@@ -37,8 +37,9 @@ import monet
 from monet.memory import PeakMemory
 from monet.report import markdown_table, write_report
 from monet.schedules import check_writable
-from monet.solver import InfeasibleBudgetError, format_bytes
+from monet.solver import format_bytes
 
+from .budgets import above_least
 from .report import machine, peak_step_plot
 
 METHODS = (("ddp", "eager"), ("ddp", "checkpointing"), ("ddp", "monet"),
@@ -197,13 +198,10 @@ def bench(args: argparse.Namespace) -> list[dict]:
 def _solved(solve, budget: str, row: dict):
     """`solve(budget)`, or where that is below the least peak (parameters outweigh activations), `solve` 2 % above
     the least; `row` says which."""
-    try:
-        found = solve(budget)
-        row["budget"] = budget
-    except InfeasibleBudgetError as exc:
-        found = solve(int(exc.least_peak * 1.02))
-        row["budget"] = format_bytes(int(exc.least_peak * 1.02))
-        row["note"] = f"{budget} infeasible: least peak {format_bytes(exc.least_peak)}; "
+    found, used, least = above_least(solve, budget)
+    row["budget"] = budget if least is None else format_bytes(used)
+    if least is not None:
+        row["note"] = f"{budget} infeasible: least peak {format_bytes(least)}; "
     return found
 
 

@@ -45,9 +45,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import monet
 import monet.models
-from monet import InfeasibleBudgetError, MONeTWrapper, PeakMemory
+from monet import MONeTWrapper, PeakMemory
 from monet.graph.kernels import cudnn_benchmark
 
+from .budgets import above_least
 from .models import MODELS
 
 
@@ -153,10 +154,8 @@ def float64_errors(model, x, schedule, weights) -> dict:
 def solved(problem, budget, time_limit: float):
     """(schedule, None) at `budget`, or where that is below every schedule, (the schedule at 2 % over the
     least peak found, that least)."""
-    try:
-        return monet.solve_problem_file(problem, budget, time_limit=time_limit), None
-    except InfeasibleBudgetError as exc:
-        return monet.solve_problem_file(problem, int(exc.least_peak * 1.02), time_limit=time_limit), exc.least_peak
+    schedule, _, least = above_least(lambda at: monet.solve_problem_file(problem, at, time_limit=time_limit), budget)
+    return schedule, least
 
 
 def check_model(name: str, model, shape, budgets, out: Path, time_limit: float, record) -> None:
@@ -350,17 +349,14 @@ def monet_compiled_run(name: str, budgets, time_limit: float, record) -> None:
     record(f"{name}-monet-compiled", rec)
 
     def compiled_at(budget):
+        torch._dynamo.reset()
         return monet_compiled(model, budget, lambda m: step(m, x, weights), SolveSettings(time_limit=time_limit),
                               "measured")
 
     for budget in budgets:
-        began, run = time.perf_counter(), {}
-        try:
-            module, region = compiled_at(f"{budget}%")
-        except InfeasibleBudgetError as exc:  # then 2 % over the least peak found
-            run = {"infeasible": True, "least_peak": exc.least_peak}
-            torch._dynamo.reset()
-            module, region = compiled_at(int(exc.least_peak * 1.02))
+        began = time.perf_counter()
+        (module, region), _, least = above_least(compiled_at, f"{budget}%")  # or 2 % over the least peak found
+        run = {} if least is None else {"infeasible": True, "least_peak": least}
         run |= {"compile_seconds": time.perf_counter() - began, "budget": region.budget,
                "predicted": region.predicted.peak, "predicted_seconds": region.predicted.time,
                "status": region.solver.status, **measured_peak(module, x, weights, model)}

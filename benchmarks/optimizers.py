@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import gc
 import statistics
 import time
@@ -33,8 +34,9 @@ import monet
 from monet.memory import PeakMemory, resident_bytes
 from monet.report import markdown_table, write_report
 from monet.schedules import OptimizerSpec, check_writable
-from monet.solver import InfeasibleBudgetError, format_bytes
+from monet.solver import format_bytes
 
+from .budgets import above_least
 from .report import machine, peak_step_plot
 
 OPTIMIZERS = ("sgd", "adam")
@@ -118,16 +120,13 @@ def bench(args: argparse.Namespace) -> list[dict]:
                 elif method == "monet":
                     row["budget"] = args.budget
                     began = time.perf_counter()
-                    try:
-                        schedule = monet.solve(copy.deepcopy(model), inputs, args.budget, optimizer=optimizer,
-                                               autocast=None if autocast is None else row["precision"],
-                                               cost_model=args.cost_model, time_limit=args.time_limit)
-                    except InfeasibleBudgetError as exc:
-                        row["note"] = f"{args.budget} infeasible: least peak {format_bytes(exc.least_peak)}"
-                        schedule = monet.solve(copy.deepcopy(model), inputs, int(exc.least_peak * 1.02),
-                                               optimizer=optimizer, cost_model=args.cost_model,
-                                               autocast=None if autocast is None else row["precision"],
-                                               time_limit=args.time_limit)
+                    solve = functools.partial(monet.solve, copy.deepcopy(model), inputs, optimizer=optimizer,
+                                              autocast=None if autocast is None else row["precision"],
+                                              cost_model=args.cost_model, time_limit=args.time_limit)
+
+                    schedule, _, least = above_least(solve, args.budget)
+                    if least is not None:
+                        row["note"] = f"{args.budget} infeasible: least peak {format_bytes(least)}"
                         row["budget"] = format_bytes(schedule.budget)
                     row["predicted_peak"] = schedule.predicted.peak
                     row["note"] = (row["note"] + "; " if row["note"] else "") + (

@@ -29,7 +29,7 @@ class LeastPeak:
 
 class InfeasibleBudgetError(MonetError, ValueError):
     """The budget is below the least peak any schedule of this formulation reaches. `least_peak` is the
-    least peak found, or None where no search ran: the budget is below what every schedule holds."""
+    least peak found, or None where no search ran: the budget is below `held`, what every schedule holds."""
 
     def __init__(self, budget: int, least: LeastPeak | None, formulation: str, floor: int | None = None,
                  update_peak: int | None = None):
@@ -38,6 +38,7 @@ class InfeasibleBudgetError(MonetError, ValueError):
         self.budget = budget
         self.least_peak = None if least is None else least.found
         self.floor = floor
+        self.held = max(floor or 0, update_peak or 0)
         if least is None:
             super().__init__(_below_held(budget, floor or 0, update_peak))
             return
