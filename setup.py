@@ -14,7 +14,7 @@ setup(
         "monet.schedules": "schedules",
     },
     package_data={"monet.schedules": ["*.json", "zoo.md"]},
-    # Lowest versions run (README "Set up and test"); no upper bounds: this machine's pins are in constraints.txt.
+    # Lowest versions run (docs/index.md); no upper bounds: this machine's pins are in constraints.txt.
     install_requires=[
         "torch>=2.11",
         "highspy>=1.15",
@@ -27,7 +27,22 @@ setup(
     extras_require={
         "transformers": ["transformers>=5"],
         "benchmarks": ["transformers>=5", "monai", "einops", "diffusers"],
-        "test": ["pytest", "pytest-xdist>=3", "hypothesis", "transformers>=5", "monai", "einops", "diffusers"],
+        # the docs site (tests/test_docs.py builds it): mkdocstrings-python 1.16.9 is the first tried that
+        # renders the API page's `heading` option (1.13.0 ignored it)
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.28.3", "mkdocstrings-python>=1.16.9"],
+        "test": [
+            "pytest",
+            "pytest-xdist>=3",
+            "hypothesis",
+            "transformers>=5",
+            "monai",
+            "einops",
+            "diffusers",
+            "mkdocs>=1.6",
+            "mkdocs-material>=9.5",
+            "mkdocstrings[python]>=0.28.3",
+            "mkdocstrings-python>=1.16.9",
+        ],
     },
     entry_points={"console_scripts": ["monet=monet.cli:main"]},
 )

@@ -260,7 +260,7 @@ def _sharded(model: nn.Module) -> str | None:
             "graph over whole parameters, which FSDP2 gathers block by block with hooks and collectives the trace "
             "cannot run. Under FSDP2, wrap each block before sharding (monet.wrap_blocks(model, blocks, inputs, "
             "budget), then fully_shard each wrapper and the root); under DDP, wrap the unsharded model in "
-            "MONeTWrapper and that in DistributedDataParallel (README, \"Several processes\")")
+            "MONeTWrapper and that in DistributedDataParallel (docs/guides/distributed.md)")
 
 
 def _call_problem(model: nn.Module, example: Example, inputs: Inputs) -> str | None:

@@ -15,7 +15,7 @@ op's signature and outputs, so the graph runs what eager runs. cuDNN's reserve s
 graph tensor: a batch norm whose reserve is not empty (none seen) keeps the native kernels.
 With it, tests/test_cuda.py passed on an H200 (the bundled CNN's gradients with TF32 off had
 failed there before), and MONAI ResNet-50 b184's keep-all step went from 13.9 % to 0.7 % over eager
-(README, "On a GPU"). Inductor (`compile=True`) decomposes cuDNN's batch norm back into its own
+(docs/guides/gpu.md). Inductor (`compile=True`) decomposes cuDNN's batch norm back into its own
 kernels, as torch.compile does.
 """
 

@@ -293,7 +293,7 @@ def wrap_blocks(model: nn.Module, blocks: nn.ModuleList | nn.Sequential, inputs,
     peak ('50%'). Each block's problem holds its own parameters and gradients whole, its input and
     its output; what the blocks keep for the backward adds up across them, which no single schedule
     sees, so the whole step's peak is not predicted. Under FSDP2, shard the wrappers and then the
-    root: `for b in blocks: fully_shard(b)`, `fully_shard(model)` (README, "Several processes")."""
+    root: `for b in blocks: fully_shard(b)`, `fully_shard(model)` (docs/guides/distributed.md)."""
     _check_blocks(model, blocks)
     if (budget is None) == (schedules is None):
         raise ValueError("give a budget (to solve each block) or schedules (one per block, as wrap_blocks returned "

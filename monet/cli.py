@@ -1,4 +1,4 @@
-"""The `monet` command: demo, solve, pareto, inspect.
+"""The `monet` command: demo, solve, pareto, profile, inspect.
 
 Only what a command needs is imported, and only once its arguments are checked: help and
 argument errors come at once, and a bad argument never costs a trace or a solve.

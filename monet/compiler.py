@@ -291,7 +291,7 @@ def backend(budget: str | int | float, settings: SolveSettings | None = None, *,
     compiles a region again for new input shapes, a warning says so and the region is solved again.
     Peaks are predicted per ATen op, not per Inductor buffer; the backward is compiled in pieces cut
     where recomputations begin (graph.pieces), so that Inductor's fusion keeps the schedule's frees, and
-    the compiled step can still measure a few % over the prediction (README, "Compiled by Inductor").
+    the compiled step can still measure a few % over the prediction (docs/guides/torch-compile.md).
     """
     return Backend(budget, settings_of(settings, **changes), cost_model=cost_model, schedules=schedules,
                    progress=progress, layout=layout)

@@ -52,7 +52,7 @@ class MONeTWrapper(nn.Module):
     With `compile`, Inductor compiles that forward and backward (fused kernels, as torch.compile
     runs; the backward in pieces cut where recomputations begin, so that fusion keeps the schedule's
     frees); the schedule's saved tensors and reruns stay as solved, but its predicted step time and
-    peak are for the ops unfused (see README, "Compiled by Inductor").
+    peak are for the ops unfused (see docs/guides/torch-compile.md).
     """
 
     def __init__(self, model: nn.Module, solution_file: str | os.PathLike | ScheduleFile, inputs=None, *,

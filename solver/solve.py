@@ -207,7 +207,7 @@ def solve(problem: Problem, budget: int, settings: SolveSettings | None = None, 
     starts from that where faster (in a ladder, at general rungs with reruns at any distance only).
     It stops when the predicted step time is proven within `gap` (relative) of the best possible in the
     formulation, or at `time_limit` seconds with the best schedule found and its proven gap (HiGHS
-    can overrun it on the largest problems: README). Same input, same seed: same schedule, unless
+    can overrun it on the largest problems: docs/limits.md). Same input, same seed: same schedule, unless
     the time limit cuts the search.
     On a model whose forward repeats a block (solver/chain.py), the chain's schedules (per-block, selective and
     Chen's checkpointing, Rotor's) stand where the search finds nothing faster; where no rerun horizon of the
