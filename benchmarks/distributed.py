@@ -199,9 +199,9 @@ def _solved(solve, budget: str, row: dict):
     """`solve(budget)`, or where that is below the least peak (parameters outweigh activations), `solve` 2 % above
     the least; `row` says which."""
     found, used, least = above_least(solve, budget)
-    row["budget"] = budget if least is None else format_bytes(used)
+    row["budget"] = budget
     if least is not None:
-        row["note"] = f"{budget} infeasible: least peak {format_bytes(least)}; "
+        row["budget"], row["note"] = format_bytes(used), f"{budget} infeasible: least peak {format_bytes(least)}; "
     return found
 
 

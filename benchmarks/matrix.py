@@ -425,8 +425,7 @@ def trained(module: nn.Module, model: nn.Module, inputs: dict | tuple, autocast:
             optimizer: str | None = None, steps: int = 1) -> tuple[int, torch.Tensor, list[torch.Tensor | None]]:
     """`step` `steps` times (twice with an `optimizer`, 'sgd', 'adam' or 'adamw' with PyTorch's defaults, so
     that its state exists in the step measured): the last one's."""
-    stepper = None if optimizer is None else OptimizerSpec.of(optimizer).load()(
-        model.parameters(), **OptimizerSpec.of(optimizer).options)
+    stepper = None if optimizer is None else OptimizerSpec.of(optimizer).build(model.parameters())
     for _ in range(max(steps, 1 if optimizer is None else 2)):
         measured = step(module, model, inputs, autocast, stepper)
     return measured

@@ -65,7 +65,7 @@ def run(model, module, inputs: dict, optimizer: str, autocast: torch.dtype | Non
     (whose parameters are `model`'s)."""
     device = inputs["input_ids"].device
     opt = OptimizerSpec.of(optimizer)
-    optim = opt.load()(model.parameters(), **opt.options)
+    optim = opt.build(model.parameters())
     scaler = torch.amp.GradScaler(device.type, enabled=autocast == torch.float16)
 
     def step():
@@ -123,7 +123,6 @@ def bench(args: argparse.Namespace) -> list[dict]:
                     solve = functools.partial(monet.solve, copy.deepcopy(model), inputs, optimizer=optimizer,
                                               autocast=None if autocast is None else row["precision"],
                                               cost_model=args.cost_model, time_limit=args.time_limit)
-
                     schedule, _, least = above_least(solve, args.budget)
                     if least is not None:
                         row["note"] = f"{args.budget} infeasible: least peak {format_bytes(least)}"

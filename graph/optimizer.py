@@ -26,7 +26,7 @@ def measure_update(model: nn.Module, spec: OptimizerSpec, seed: int = 0) -> Upda
     params = [p.detach().clone().requires_grad_(True) for p in trainable(model)]
     for p in params:
         p.grad = (torch.randn(p.shape, generator=gen, dtype=torch.float32) * 1e-3).to(p.device, p.dtype)
-    optimizer = spec.load()(params, **spec.options)
+    optimizer = spec.build(params)
     optimizer.step()
     storages: dict[int, int] = {}
     for state in optimizer.state.values():

@@ -59,6 +59,10 @@ class OptimizerSpec:
         except (ImportError, AttributeError, ValueError) as exc:
             raise ValueError(f"optimizer {self.name}: cannot import it ({exc})") from None
 
+    def build(self, params):
+        """The optimizer this names, over `params`, with its options."""
+        return self.load()(params, **self.options)
+
     def describe(self) -> str:
         options = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
         batches = f", {self.micro_batches} micro-batches per step" if self.micro_batches > 1 else ""

@@ -46,7 +46,7 @@ def test_a_whole_step_measures_its_predicted_peak_and_trains_like_pytorch(optimi
     batch = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
     runs = {}
     for name, module in (("monet", wrapped), ("pytorch", reference)):
-        opt = schedule.optimizer.load()(module.parameters(), **schedule.optimizer.options)
+        opt = schedule.optimizer.build(module.parameters())
         for _step in range(3):
             opt.zero_grad(set_to_none=True)  # before the meter, which sees no frees of blocks made before it
             state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
